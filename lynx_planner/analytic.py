@@ -1,0 +1,222 @@
+"""Analytic profiles of catalog GPTs: the op graph of a Megatron-style layer with roofline times.
+
+Op ids, order and saved tensors are those of a FakeTensorMode trace of `models/gpt_block.py` (a test checks it), with
+Megatron's tensor-parallel collectives inserted: without sequence parallelism the column-parallel GEMMs get an
+all-reduce of their input gradient in backward (overlapped with the weight-gradient GEMM, as Megatron does) and the
+row-parallel GEMMs an all-reduce of their output in forward; with sequence parallelism these become all-gathers and
+reduce-scatters, and LayerNorm, dropout and residual tensors are split along the sequence.
+
+Bytes follow Korthikanti et al.: 2-byte activations, 1-byte dropout masks; LayerNorm statistics (fp32 mean and rstd)
+and the fused attention's fp32 logsumexp are counted too, as PyTorch keeps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import costs
+from .models.catalog import GPTConfig
+from .schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, Op, ParallelConfig, Profile
+
+ACT = 2  # bytes per activation element (bf16)
+MASK = 1  # bytes per dropout-mask element (bool)
+STAT = 4  # bytes per LayerNorm statistic / logsumexp element (fp32)
+
+
+def bytes_per_param(par: ParallelConfig) -> float:
+    """Mixed-precision Adam (Megatron): bf16 weight 2 + fp32 grad 4 + fp32 master, m, v 12 = 18 bytes;
+    the distributed optimizer shards the 12 optimizer bytes over data-parallel ranks."""
+    return 6 + 12 / par.dp if par.distributed_optimizer else 18
+
+
+@dataclass
+class _OpList:
+    """Appends ops in forward order; `last` is the id of the latest op producing the running activation."""
+
+    hw: Hardware
+    ops: list[Op] = field(default_factory=list)
+    last: str = BLOCK_INPUT
+
+    def add(self, id: str, *, inputs: list[str] | None = None, saves: list[str] | None = None, **kw) -> str:
+        saves = [id if ref == "self" else ref for ref in saves or []]  # "self": the op's own output
+        self.ops.append(Op(id=id, inputs=inputs if inputs is not None else [self.last], saves=saves,
+                           module=id.split(":")[0], **kw))
+        self.last = id
+        return id
+
+    def gemm(self, id: str, m: int, k: int, n: int, saves: list[str], inputs: list[str] | None = None,
+             tags: list[str] | None = None) -> str:
+        flops = 2.0 * m * k * n
+        t = costs.gemm_s(flops, self.hw)
+        return self.add(id, inputs=inputs, saves=saves, fwd_s=t, bwd_s=2 * t, flops=flops, out_bytes=ACT * m * n,
+                        tags=tags or [])
+
+    def elementwise(self, id: str, out_bytes: int, fwd_rw: float, bwd_rw: float, **kw) -> str:
+        return self.add(id, fwd_s=costs.memory_s(fwd_rw, self.hw), bwd_s=costs.memory_s(bwd_rw, self.hw),
+                        out_bytes=out_bytes, **kw)
+
+    def layer_norm(self, id: str, tokens: int, hidden: int) -> str:
+        x = ACT * tokens * hidden
+        return self.elementwise(id, x, 2 * x, 3 * x, saves=[self.last], aux_bytes=2 * STAT * tokens)
+
+    def dropout(self, id: str, elems: int, tags: list[str] | None = None) -> str:
+        x = ACT * elems
+        return self.elementwise(id, x, 2 * x + MASK * elems, 2 * x + MASK * elems, aux_bytes=MASK * elems,
+                                random=True, tags=tags or [])
+
+    def collective(self, id: str, fwd_s: float, bwd_s: float, out_bytes: int, bwd_overlap_s: float = 0.0) -> str:
+        # A backward-only collective (fwd_s == 0) passes its input through: nothing reads its output.
+        if fwd_s == 0.0:
+            self.ops.append(Op(id=id, kind="collective", fwd_s=0.0, bwd_s=bwd_s, bwd_overlap_s=bwd_overlap_s,
+                               out_bytes=0, inputs=[self.last], module=id.split(":")[0]))
+            return self.last
+        return self.add(id, kind="collective", fwd_s=fwd_s, bwd_s=bwd_s, bwd_overlap_s=bwd_overlap_s,
+                        out_bytes=out_bytes)
+
+
+class _TP:
+    """Megatron's conjugate collectives around column- and row-parallel GEMMs."""
+
+    def __init__(self, par: ParallelConfig, hw: Hardware, tokens: int, hidden: int):
+        self.t, self.sp = par.tp, par.sequence_parallel
+        self.bus = costs.link(hw, par.tp)
+        self.full = ACT * tokens * hidden  # bytes of an unsplit [s, b, h] activation
+
+    def before_column(self, ops: _OpList, module: str, wgrad_s: float) -> str:
+        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce."""
+        if self.t == 1:
+            return ops.last
+        if self.sp:
+            c = costs.all_gather_s(self.full, self.t, self.bus)
+            return ops.collective(f"{module}:tp_all_gather#0", c, c, self.full, bwd_overlap_s=wgrad_s)
+        c = costs.all_reduce_s(self.full, self.t, self.bus)
+        return ops.collective(f"{module}:tp_grad_all_reduce#0", 0.0, c, 0, bwd_overlap_s=wgrad_s)
+
+    def after_row(self, ops: _OpList, module: str) -> str:
+        """After a row-parallel GEMM: all-reduce (or reduce-scatter with SP) of its partial sums."""
+        if self.t == 1:
+            return ops.last
+        if self.sp:
+            c = costs.all_gather_s(self.full, self.t, self.bus)
+            return ops.collective(f"{module}:tp_reduce_scatter#0", c, c, self.full // self.t)
+        c = costs.all_reduce_s(self.full, self.t, self.bus)
+        return ops.collective(f"{module}:tp_all_reduce#0", c, 0.0, self.full)
+
+
+def gpt_layer_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention: str, dropout: float) -> Block:
+    s, b, h, a, f, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.heads, cfg.ffn, par.tp
+    n = s * b  # tokens of a micro-batch
+    n_loc = n // t if par.sequence_parallel else n  # tokens on this rank outside the TP regions
+    ops = _OpList(hw)
+    tp = _TP(par, hw, n, h)
+
+    ln1 = ops.layer_norm("ln1:native_layer_norm#0", n_loc, h)
+    qkv_fwd = costs.gemm_s(2.0 * n * h * 3 * h / t, hw)
+    tp.before_column(ops, "attn.qkv", qkv_fwd)
+    qkv = ops.gemm("attn.qkv:addmm#0", n, h, 3 * h // t, saves=[ln1])
+
+    heads = a // t
+    if attention == "flash":
+        flops = 4.0 * b * s * s * h / t  # q kᵀ and p v, counted non-causal as FlopCounterMode does
+        fwd = costs.attention_s(flops / 2, hw)  # causal: half the tiles
+        core = ops.add("attn.core:_scaled_dot_product_flash_attention#0", inputs=[qkv], saves=[qkv, "self"],
+                       fwd_s=fwd, bwd_s=2.5 * fwd, flops=flops, out_bytes=ACT * n * h // t,
+                       aux_bytes=STAT * b * heads * s, tags=["core_attn"])
+        ctx = core
+    else:
+        probs_elems = b * heads * s * s
+        scores = ops.gemm("attn.core:baddbmm#0", b * heads * s, h // a, s, saves=[qkv], inputs=[qkv],
+                          tags=["core_attn"])
+        pb = ACT * probs_elems
+        probs = ops.elementwise("attn.core:_softmax#0", pb, 2 * pb, 3 * pb, saves=["self"], tags=["core_attn"])
+        if dropout > 0:
+            probs = ops.dropout("attn.core.dropout:native_dropout#0", probs_elems, tags=["core_attn"])
+        ops.gemm("attn.core:bmm#0", b * heads * s, s, h // a, saves=[probs, qkv], inputs=[probs, qkv],
+                 tags=["core_attn"])
+        x = ACT * n * h // t
+        ctx = ops.elementwise("attn.core:clone#0", x, 2 * x, 2 * x)  # [b*n, s, d] -> [s, b, h] copy
+    ops.gemm("attn.proj:addmm#0", n, h // t, h, saves=[ctx])
+    tp.after_row(ops, "attn.proj")
+    if dropout > 0:
+        ops.dropout("attn_dropout:native_dropout#0", n_loc * h)
+    x = ACT * n_loc * h
+    add0 = ops.elementwise(":add#0", x, 3 * x, 0, inputs=[BLOCK_INPUT, ops.last])
+
+    ln2 = ops.layer_norm("ln2:native_layer_norm#0", n_loc, h)
+    tp.before_column(ops, "mlp.fc1", costs.gemm_s(2.0 * n * h * f / t, hw))
+    fc1 = ops.gemm("mlp.fc1:addmm#0", n, h, f // t, saves=[ln2])
+    y = ACT * n * f // t
+    gelu = ops.elementwise("mlp.act:gelu#0", y, 2 * y, 3 * y, saves=[fc1])
+    ops.gemm("mlp.fc2:addmm#0", n, f // t, h, saves=[gelu])
+    tp.after_row(ops, "mlp.fc2")
+    if dropout > 0:
+        ops.dropout("mlp_dropout:native_dropout#0", n_loc * h)
+    ops.elementwise(":add#1", x, 3 * x, 0, inputs=[add0, ops.last])
+    return Block(name="gpt_layer", input_bytes=x, output_bytes=x, ops=ops.ops)
+
+
+def embedding_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, dropout: float) -> Block:
+    s, b, h, t = par.seq_len, par.micro_batch_size, cfg.hidden, par.tp
+    n = s * b
+    n_loc = n // t if par.sequence_parallel else n
+    ops = _OpList(hw)
+    x = ACT * n * h
+    ops.elementwise("embed:embedding#0", x, 2 * x, 2 * x, saves=[BLOCK_INPUT])  # vocab-parallel lookup
+    _TP(par, hw, n, h).after_row(ops, "embed")
+    if dropout > 0:
+        ops.dropout("embed_dropout:native_dropout#0", n_loc * h)
+    return Block(name="embedding", input_bytes=8 * n, output_bytes=ACT * n_loc * h, ops=ops.ops)
+
+
+def lm_head_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware) -> Block:
+    s, b, h, v, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.vocab, par.tp
+    n = s * b
+    n_loc = n // t if par.sequence_parallel else n
+    ops = _OpList(hw)
+    ln = ops.layer_norm("final_norm:native_layer_norm#0", n_loc, h)
+    logits_fwd = costs.gemm_s(2.0 * n * h * v / t, hw)
+    _TP(par, hw, n, h).before_column(ops, "head", logits_fwd)
+    logits = ops.gemm("head:mm#0", n, h, v // t, saves=[ln])
+    # Vocab-parallel cross-entropy keeps fp32 softmax (4 s b v / t bytes); its max/sum all-reduces are tiny.
+    lat = costs.link(hw, t)[1] * 2 if t > 1 else 0.0
+    fp32 = STAT * n * v // t
+    ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=costs.memory_s(ACT * n * v / t + fp32, hw) + lat,
+            bwd_s=costs.memory_s(fp32 + ACT * n * v / t, hw), out_bytes=STAT * n, aux_bytes=fp32)
+    return Block(name="lm_head", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
+
+
+def layer_params(cfg: GPTConfig, par: ParallelConfig) -> dict[str, int]:
+    """Parameters on one tensor-parallel rank, per block type."""
+    h, f, t, v = cfg.hidden, cfg.ffn, par.tp, cfg.vocab
+    layer = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t + h + h + 4 * h
+    embed = v * h // t + par.seq_len * h
+    head = 2 * h + (v * h // t if par.pp > 1 else 0)  # the output layer reuses the embedding when pp == 1
+    return {"gpt_layer": layer, "embedding": embed, "lm_head": head}
+
+
+def gpt_profile(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention: str = "flash",
+                dropout: float = 0.0) -> Profile:
+    for what, value in (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn), ("vocab", cfg.vocab)):
+        if value % par.tp:
+            raise ValueError(f"--tp {par.tp} does not divide the model's {what} ({value})")
+    if par.sequence_parallel and par.seq_len % par.tp:
+        raise ValueError(f"--tp {par.tp} does not divide the sequence length {par.seq_len}")
+    blocks = {
+        "embedding": embedding_block(cfg, par, hw, dropout),
+        "gpt_layer": gpt_layer_block(cfg, par, hw, attention, dropout),
+        "lm_head": lm_head_block(cfg, par, hw),
+    }
+    params = layer_params(cfg, par)
+    bpp = bytes_per_param(par)
+
+    def layer(block: str, name: str) -> Layer:
+        return Layer(block=block, name=name, params=params[block], static_bytes=int(params[block] * bpp))
+
+    layers = [layer("embedding", "embedding")]
+    layers += [layer("gpt_layer", f"layers.{i}") for i in range(cfg.num_layers)]
+    layers.append(layer("lm_head", "lm_head"))
+    info = ModelInfo(name=cfg.name, source="catalog", params=cfg.params(par.seq_len),
+                     config={"num_layers": cfg.num_layers, "hidden": cfg.hidden, "heads": cfg.heads,
+                             "ffn_hidden": cfg.ffn, "vocab": cfg.vocab})
+    return Profile(model=info, parallel=par, hardware=hw, method="analytic", attention=attention, dropout=dropout,
+                   blocks=blocks, layers=layers)

@@ -1,0 +1,215 @@
+"""The data model: hardware, parallel setup, profiles (op graphs of blocks) and plans, as pydantic models.
+
+Every file lynx reads or writes is one of these models serialised as JSON with a `schema_version`.
+Times are seconds, sizes bytes, bandwidths bytes per second.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+SCHEMA_VERSION = 1
+
+# The block input is not produced by any op of the block; ops refer to it by this name.
+BLOCK_INPUT = "input"
+
+# Where a layer's recomputation is released (it then fills idle compute until the layer's backward needs it):
+#   on_demand    when backward reaches the layer (Megatron, PyTorch checkpoint): fully on the critical path
+#   layer_above  when backward enters the layer above (hidden in that layer's backward TP collectives); for the
+#                top layer of a stage this is the wait for the gradient from the next stage
+#   grad_wait    when the stage goes idle before this micro-batch's backward (PP receive wait, bubbles)
+#   prev_forward at the start of the action before this micro-batch's backward (in 1F1B steady state the
+#                forward of a later micro-batch, whose TP collectives hide it)
+Placement = Literal["on_demand", "layer_above", "grad_wait", "prev_forward"]
+PLACEMENTS: tuple[str, ...] = ("on_demand", "layer_above", "grad_wait", "prev_forward")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Hardware(_Model):
+    """One accelerator and its links. Peaks are datasheet values; efficiencies are assumptions to calibrate."""
+
+    name: str
+    memory_bytes: PositiveInt
+    peak_flops: PositiveFloat = Field(description="dense bf16/fp16 tensor FLOP/s")
+    hbm_bytes_per_s: PositiveFloat
+    gemm_efficiency: float = Field(gt=0, le=1, description="achieved / peak FLOP/s for large GEMMs")
+    attention_efficiency: float = Field(gt=0, le=1, description="achieved / peak FLOP/s for fused attention")
+    memory_efficiency: float = Field(gt=0, le=1, description="achieved / peak HBM bandwidth, memory-bound ops")
+    gpus_per_node: PositiveInt
+    intra_node_bus_bytes_per_s: PositiveFloat = Field(description="collective bus bandwidth (nccl-tests busbw)")
+    intra_node_latency_s: float = Field(ge=0)
+    inter_node_bus_bytes_per_s: PositiveFloat
+    inter_node_latency_s: float = Field(ge=0)
+    interference: float = Field(ge=1, description="slowdown of compute running beside a collective")
+    notes: str = ""
+
+
+class ParallelConfig(_Model):
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    micro_batch_size: PositiveInt = 1
+    seq_len: PositiveInt = 2048
+    num_microbatches: PositiveInt = 1
+    sequence_parallel: bool = False
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    distributed_optimizer: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelConfig:
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        return self
+
+
+class Op(_Model):
+    """One operator of a block's forward pass, in execution order."""
+
+    id: str = Field(description="stable id: '<module path>:<aten op>#<occurrence>'")
+    kind: Literal["compute", "collective"] = "compute"
+    fwd_s: float = Field(ge=0, description="forward time; also its recomputation time")
+    bwd_s: float = Field(ge=0, description="backward time (for a collective: its backward communication)")
+    bwd_overlap_s: float = Field(
+        0.0, ge=0, description="collectives: backward compute that runs beside the backward collective (wgrad)"
+    )
+    flops: float = Field(0.0, ge=0, description="forward FLOPs")
+    out_bytes: int = Field(ge=0, description="bytes of the op's output")
+    aux_bytes: int = Field(0, ge=0, description="bytes the op saves for its own backward (masks, statistics)")
+    inputs: list[str] = Field(default_factory=list, description="ops whose outputs it reads ('input': block input)")
+    saves: list[str] = Field(default_factory=list, description="ops whose outputs its backward needs")
+    random: bool = False
+    view: bool = False
+    inplace: bool = False
+    tags: list[str] = Field(default_factory=list, description="e.g. 'core_attn' (Megatron selective recompute)")
+    module: str = ""
+
+
+class Block(_Model):
+    """A block type: the op graph shared by all layers that are instances of it."""
+
+    name: str
+    input_bytes: int = Field(ge=0, description="bytes of the block input, kept while the micro-batch is in flight")
+    output_bytes: int = Field(ge=0, description="bytes of the block output (sent when a stage ends here)")
+    ops: list[Op]
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> Block:
+        seen: set[str] = set()
+        for op in self.ops:
+            if op.id in seen or op.id == BLOCK_INPUT:
+                raise ValueError(f"block {self.name!r}: duplicate or reserved op id {op.id!r}")
+            for ref in op.inputs:
+                if ref != BLOCK_INPUT and ref not in seen:
+                    raise ValueError(f"block {self.name!r}: op {op.id!r} reads {ref!r}, which does not precede it")
+            seen.add(op.id)
+        for op in self.ops:
+            for ref in op.saves:
+                if ref != BLOCK_INPUT and ref not in seen:
+                    raise ValueError(f"block {self.name!r}: op {op.id!r} saves unknown op {ref!r}")
+        return self
+
+
+class Layer(_Model):
+    """One entry of the model's layer sequence."""
+
+    block: str
+    name: str = Field(description="module path in the model, e.g. 'layers.3'")
+    params: int = Field(ge=0, description="parameters on one rank")
+    static_bytes: int = Field(ge=0, description="weights, gradients and optimizer state on one rank")
+
+
+class ModelInfo(_Model):
+    name: str
+    source: str = Field(description="'catalog' or the path of the model file")
+    params: int = Field(ge=0, description="total parameters of the model")
+    config: dict[str, int | float | str | bool] = Field(default_factory=dict)
+
+
+class Profile(_Model):
+    """What the planner knows about one model in one parallel setup on one kind of hardware."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: ModelInfo
+    parallel: ParallelConfig
+    hardware: Hardware
+    method: Literal["analytic", "measure"] = "analytic"
+    attention: Literal["flash", "math"] = "flash"
+    dropout: float = Field(0.0, ge=0, lt=1)
+    blocks: dict[str, Block]
+    layers: list[Layer] = Field(min_length=1)
+    extra_static_bytes: int = Field(0, ge=0, description="per-rank buffers outside the layers (framework, NCCL)")
+
+    @model_validator(mode="after")
+    def _check_layers(self) -> Profile:
+        for i, layer in enumerate(self.layers):
+            if layer.block not in self.blocks:
+                raise ValueError(f"layers[{i}].block: unknown block {layer.block!r}")
+        if self.parallel.pp > len(self.layers):
+            raise ValueError(f"parallel.pp = {self.parallel.pp} exceeds the {len(self.layers)} layers")
+        return self
+
+
+class LayerPolicy(_Model):
+    """What a run of consecutive layers keeps and recomputes, and where the recomputation runs."""
+
+    layers: tuple[int, int] = Field(description="[first, end): global layer indices")
+    block: str
+    mode: Literal["none", "full", "selective"]
+    keep: list[str] = Field(default_factory=list, description="ops whose saved tensors stay from forward to backward")
+    recompute: list[str] = Field(default_factory=list, description="ops run again before the backward")
+    at: Placement = "on_demand"
+
+
+class StagePlan(_Model):
+    stage: int = Field(ge=0)
+    layers: tuple[int, int] = Field(description="[first, end): global layer indices on this stage")
+    policies: list[LayerPolicy]
+
+
+class StagePrediction(_Model):
+    stage: int
+    peak_memory_bytes: int
+    static_bytes: int
+    activation_bytes: int
+    busy_time_s: float
+    exposed_recompute_s: float
+    hidden_recompute_s: float
+
+
+class Predicted(_Model):
+    iteration_time_s: float
+    ideal_iteration_time_s: float
+    stages: list[StagePrediction]
+
+
+class SolverInfo(_Model):
+    name: str
+    status: Literal["optimal", "feasible", "heuristic", "time_limit"]
+    search_time_s: float
+    gap: float | None = None
+    bound_s: float | None = Field(None, description="proven lower bound on the objective (MILP solvers)")
+
+
+class PlanParallel(_Model):
+    tp: int
+    pp: int
+    dp: int
+    num_microbatches: int
+    schedule: Literal["1f1b", "gpipe"]
+
+
+class Plan(_Model):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    algo: str
+    profile_sha256: str
+    profile_path: str
+    memory_limit_bytes: int
+    parallel: PlanParallel
+    stages: list[StagePlan]
+    predicted: Predicted
+    solver: SolverInfo
