@@ -168,6 +168,7 @@ class LayerPolicy(_Model):
 class StagePlan(_Model):
     stage: int = Field(ge=0)
     layers: tuple[int, int] = Field(description="[first, end): global layer indices on this stage")
+    layer_names: list[str] = Field(default_factory=list, description="module path of each layer of the stage")
     policies: list[LayerPolicy]
 
 
