@@ -163,6 +163,9 @@ class LayerPolicy(_Model):
     keep: list[str] = Field(default_factory=list, description="ops whose saved tensors stay from forward to backward")
     recompute: list[str] = Field(default_factory=list, description="ops run again before the backward")
     at: Placement = "on_demand"
+    recompute_with: int | None = Field(
+        None, description="Megatron uniform chunks: the input is not kept; recomputed on demand when backward "
+        "reaches this layer index (the chunk's top layer)")
 
 
 class StagePlan(_Model):

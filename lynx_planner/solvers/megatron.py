@@ -1,0 +1,83 @@
+"""Megatron-LM's recomputation methods, on its even stage split, all recomputation on demand:
+
+none       keep everything
+full       recompute every transformer layer from its input (the whole forward is replayed, collectives included)
+selective  recompute the core attention (`--recompute-granularity selective`, core_attn)
+uniform    recompute chunks of N layers from the chunk input (`--recompute-method uniform --recompute-num-layers N`)
+block      recompute the first N layers of each stage fully (`--recompute-method block`)
+
+For uniform and block, N is the smallest that fits the memory limit.
+"""
+
+from __future__ import annotations
+
+from .. import policy
+from ..evaluate import evaluate, layer_policy, none_policy, stage_plans
+from ..schema import LayerPolicy, Profile
+from . import Infeasible, Problem, Strategy
+from .partition import even_bounds, repeated_block
+
+
+def _full(profile: Profile, i: int, recompute_with: int | None = None) -> LayerPolicy:
+    info = policy.analyse(profile.blocks[profile.layers[i].block])
+    return layer_policy(profile, i, frozenset(), policy.full_recompute(info), recompute_with=recompute_with)
+
+
+def _selective(profile: Profile, i: int) -> LayerPolicy:
+    return layer_policy(profile, i, policy.selective_keep(policy.analyse(profile.blocks[profile.layers[i].block])))
+
+
+def _stage_repeated(profile: Profile, bounds: list[int]) -> list[list[int]]:
+    rep = repeated_block(profile)
+    return [[i for i in range(bounds[s], bounds[s + 1]) if profile.layers[i].block == rep]
+            for s in range(len(bounds) - 1)]
+
+
+def _uniform(profile: Profile, bounds: list[int], n: int) -> list[LayerPolicy]:
+    pols = [none_policy(profile, i) for i in range(len(profile.layers))]
+    for layers in _stage_repeated(profile, bounds):
+        for c in range(0, len(layers), n):
+            chunk = layers[c:c + n]
+            top = chunk[-1]
+            for i in chunk:
+                pols[i] = _full(profile, i, recompute_with=top if len(chunk) > 1 else None)
+    return pols
+
+
+def _block(profile: Profile, bounds: list[int], n: int) -> list[LayerPolicy]:
+    pols = [none_policy(profile, i) for i in range(len(profile.layers))]
+    for layers in _stage_repeated(profile, bounds):
+        for i in layers[:n]:
+            pols[i] = _full(profile, i)
+    return pols
+
+
+def _smallest_fitting(problem: Problem, bounds: list[int], make, algo: str) -> list[LayerPolicy]:
+    most = max(len(l) for l in _stage_repeated(problem.profile, bounds))
+    first = 0 if algo == "block" else 1
+    for n in range(first, most + 1):
+        pols = make(problem.profile, bounds, n)
+        if evaluate(problem.profile, stage_plans(problem.profile, bounds, pols)).fits(problem.memory_limit):
+            return pols
+    return pols  # the most memory-frugal choice; solve() reports what it needs
+
+
+def search(problem: Problem, algo: str) -> Strategy:
+    profile = problem.profile
+    bounds = even_bounds(profile, profile.parallel.pp)
+    rep = repeated_block(profile)
+    n = len(profile.layers)
+    if algo == "none":
+        pols = [none_policy(profile, i) for i in range(n)]
+    elif algo == "full":
+        pols = [_full(profile, i) if profile.layers[i].block == rep else none_policy(profile, i) for i in range(n)]
+    elif algo == "selective":
+        pols = [_selective(profile, i) if profile.layers[i].block == rep else none_policy(profile, i)
+                for i in range(n)]
+    elif algo == "uniform":
+        pols = _smallest_fitting(problem, bounds, _uniform, algo)
+    elif algo == "block":
+        pols = _smallest_fitting(problem, bounds, _block, algo)
+    else:
+        raise Infeasible(f"unknown Megatron method {algo!r}")
+    return Strategy(bounds, pols, status="heuristic")
