@@ -11,8 +11,8 @@ transparent: they stand for the op that produced their storage.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
+from .memo import per_object
 from .schema import BLOCK_INPUT, Block
 
 
@@ -30,17 +30,9 @@ class BlockInfo:
     collective: frozenset[str]
 
 
-@cache
-def _analyse(block_json: str) -> BlockInfo:
-    return _build(Block.model_validate_json(block_json))
-
-
+@per_object
 def analyse(block: Block) -> BlockInfo:
-    """Derived facts of a block (cached by content)."""
-    return _analyse(block.model_dump_json())
-
-
-def _build(block: Block) -> BlockInfo:
+    """Derived facts of a block (cached; blocks are not mutated once loaded)."""
     base: dict[str, str] = {BLOCK_INPUT: BLOCK_INPUT}
     for op in block.ops:
         base[op.id] = base[op.inputs[0]] if op.view and op.inputs else op.id

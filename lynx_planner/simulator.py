@@ -15,9 +15,9 @@ and recomputed tensors from the moment their recomputation starts until the laye
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 from . import costs, policy
+from .memo import per_object
 from .schema import Block, LayerPolicy, Profile
 
 EPS = 1e-15
@@ -37,9 +37,9 @@ class LayerRun:
     trigger: int | None = None  # local position of the layer whose backward recomputes this one (uniform chunks)
 
 
-@cache
-def _segments(block_json: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    block = Block.model_validate_json(block_json)
+@per_object
+def block_segments(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Forward and backward of one block as alternating busy and idle seconds."""
 
     def alternate(items: list[tuple[bool, float]]) -> tuple[float, ...]:
         segs = [0.0]
@@ -56,10 +56,6 @@ def _segments(block_json: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
         if not op.view
     ]
     return alternate(fwd), alternate(bwd)
-
-
-def block_segments(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    return _segments(block.model_dump_json())
 
 
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
@@ -121,6 +117,7 @@ class StageResult:
     exposed_s: float
     hidden_s: float
     end_s: float
+    grad_waits_s: list[float] = field(default_factory=list)  # idle time before each backward, in order
 
 
 @dataclass
@@ -140,6 +137,7 @@ class _Stage:
         self.tasks: dict[tuple[int, int], _Task] = {}
         self.mem: list[tuple[float, int]] = []
         self.busy = self.exposed = self.hidden = 0.0
+        self.grad_waits: list[float] = []
         n = len(runs)
         self.by_at = {at: [l for l in range(n) if runs[l].at == at and runs[l].rec_s > 0 and runs[l].trigger is None]
                       for at in ("grad_wait", "prev_forward", "layer_above")}
@@ -212,6 +210,7 @@ class _Stage:
             self.release(k, l)
         if n - 1 in self.by_at["layer_above"]:
             self.release(k, n - 1)
+        self.grad_waits.append(max(0.0, ready - self.t))
         self.idle(ready)
         if release_after is not None:
             for l in self.by_at["prev_forward"]:
@@ -283,5 +282,6 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")
-    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t) for st in stages]
+    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits)
+               for st in stages]
     return SimResult(max(st.t for st in stages), results, events or [])

@@ -1,0 +1,685 @@
+"""The `lynx` command line: profile a model, plan its recomputation, compare strategies, simulate, check, bench.
+
+Exit codes (see shared/CONTRACT.md): 0 done; 1 a check, comparison or regression found a violation; 2 bad input
+(usage, unreadable or invalid file, a memory limit no strategy meets, a model file that fails). Bad input is
+reported in one place (`_guarded`) as a few lines on stderr naming the file and field, never as a traceback, and no
+output file is left behind (files are written with `io.write_atomic` once everything succeeded).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from .io import InputError, describe_validation, dumps, file_sha256, format_bytes, load_model, parse_size, write_atomic
+from .schema import Hardware, ParallelConfig, Plan, Profile
+
+app = typer.Typer(
+    name="lynx",
+    help="Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide "
+    "recomputation inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, "
+    "`lynx compare p.json`, `lynx plan p.json --algo heu -o plan.json`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+out = Console(highlight=False)  # stdout (resolved at print time, so test runners can capture it)
+err = Console(stderr=True, highlight=False)
+
+DEFAULT_HARDWARE = "a100-80g-nvlink"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# error handling: one wrapper for every command
+
+
+def _fail(message: str, code: int = 2) -> None:
+    lines = str(message).strip().splitlines() or ["error"]
+    typer.echo(f"error: {lines[0]}", err=True)
+    for line in lines[1:]:
+        typer.echo(f"  {line}", err=True)
+    raise typer.Exit(code)
+
+
+def _guarded(fn: Callable) -> Callable:
+    """Turn bad input into exit 2 with a short message on stderr (set LYNX_DEBUG=1 to see tracebacks)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            if os.environ.get("LYNX_DEBUG"):
+                raise
+            _fail(str(e))
+        except ValidationError as e:
+            if os.environ.get("LYNX_DEBUG"):
+                raise
+            _fail(describe_validation(e.title, e))
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def command(name: str, **kwargs: Any) -> Callable:
+    def register(fn: Callable) -> Callable:
+        app.command(name, **kwargs)(_guarded(fn))
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _check_output(path: Path, option: str = "-o") -> None:
+    """Fail before any work when the output cannot be written (write_atomic checks again at the end)."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"{path}: {option} is a directory, expected a file path")
+    if not directory.is_dir():
+        raise InputError(f"{path}: cannot write: directory {directory} does not exist")
+
+
+def _size(text: str | None, option: str) -> int | None:
+    return None if text is None else parse_size(text, option)
+
+
+def _hardware(spec: str) -> Hardware:
+    from .models.hardware import HARDWARE
+
+    if spec in HARDWARE:
+        return HARDWARE[spec]
+    if spec.endswith(".json") or Path(spec).is_file():
+        return load_model(spec, Hardware)
+    raise InputError(f"--hardware: unknown hardware {spec!r} (expected one of {', '.join(HARDWARE)} or a JSON file "
+                     "of the Hardware schema)")
+
+
+def _load_profile(path: Path | str) -> Profile:
+    return load_model(path, Profile)
+
+
+def _load_plan(path: Path | str) -> Plan:
+    return load_model(path, Plan)
+
+
+def _plan_profile_path(plan: Plan, plan_path: Path, given: Path | None) -> Path:
+    """--profile, else the path recorded in the plan (relative to the working directory, else to the plan file)."""
+    if given is not None:
+        return given
+    recorded = Path(plan.profile_path)
+    if recorded.is_absolute() or recorded.exists():
+        return recorded
+    beside = plan_path.parent / recorded
+    if beside.exists():
+        return beside
+    raise InputError(f"{plan_path}: field profile_path: {plan.profile_path!r} does not exist (pass --profile)")
+
+
+def _algos(text: str | None) -> list[str]:
+    from .solvers import ALGOS
+
+    if text is None:
+        return list(ALGOS)
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    for a in names:
+        if a not in ALGOS:
+            raise InputError(f"--algos: unknown algorithm {a!r} (expected a comma-separated list of "
+                             f"{', '.join(ALGOS)})")
+    if not names:
+        raise InputError("--algos: empty list")
+    return list(dict.fromkeys(names))
+
+
+def _call_model_file(path: Path, what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run user code (a model file): any failure is bad input (exit 2), reported without a traceback."""
+    try:
+        return fn(*args, **kwargs)
+    except (InputError, typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as e:  # the model file's own error
+        if os.environ.get("LYNX_DEBUG"):
+            raise
+        raise InputError(f"{path}: {what} failed: {type(e).__name__}: {e} (set LYNX_DEBUG=1 for the traceback)") \
+            from None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx profile
+
+
+class Attention(str, Enum):
+    flash = "flash"
+    math = "math"
+
+
+class Method(str, Enum):
+    analytic = "analytic"
+    measure = "measure"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Schedule(str, Enum):
+    one_f_one_b = "1f1b"
+    gpipe = "gpipe"
+
+
+class Partition(str, Enum):
+    even = "even"
+    auto = "auto"
+
+
+@command("profile")
+def profile_cmd(
+    model: Annotated[str, typer.Argument(
+        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
+             "PyTorch model.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile JSON.")],
+    hardware: Annotated[str, typer.Option(
+        help="Hardware catalog name (`lynx hardware`) or a JSON file of the Hardware schema.")] = DEFAULT_HARDWARE,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size (number of stages).")] = 1,
+    dp: Annotated[int, typer.Option("--dp", min=1, help="Data-parallel size (shards the distributed optimizer's "
+                                    "state).")] = 1,
+    micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.")] = 1,
+    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
+    num_microbatches: Annotated[Optional[int], typer.Option(
+        min=1, show_default="2·pp", help="Micro-batches per iteration (gradient accumulation steps).")] = None,
+    sequence_parallel: Annotated[bool, typer.Option(
+        "--sequence-parallel", help="Megatron sequence parallelism (needs --tp > 1).")] = False,
+    attention: Annotated[Attention, typer.Option(
+        help="flash: store only what a fused attention kernel keeps; math: also the softmax output and dropout "
+             "mask, as Megatron's core attention does.")] = Attention.flash,
+    dropout: Annotated[float, typer.Option(
+        help="Dropout probability of catalog models, in [0, 1); 0 means no dropout masks.")] = 0.0,
+    method: Annotated[Method, typer.Option(
+        help="analytic: roofline op times from the hardware's datasheet; measure: time the ops of a model file "
+             "on --device.")] = Method.analytic,
+    device: Annotated[Device, typer.Option(help="Device that runs a model file's trace or measurement.")]
+    = Device.cpu,
+    schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
+    distributed_optimizer: Annotated[bool, typer.Option(
+        "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
+        "--use-distributed-optimizer).")] = False,
+) -> None:
+    """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
+    _check_output(output)
+    if not 0.0 <= dropout < 1.0:
+        raise InputError(f"--dropout: {dropout} is not in [0, 1)")
+    hw = _hardware(hardware)
+    try:
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                             num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer)
+    except ValidationError as e:
+        raise InputError("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-') or 'options'}: "
+                                   f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+
+    is_file = model.endswith(".py") or os.sep in model or Path(model).is_file()
+    if is_file:
+        path = Path(model)
+        if not path.is_file():
+            raise InputError(f"{model}: no such model file")
+        if dropout:
+            err.print("note: --dropout applies to catalog models; a model file's own dropout modules are profiled")
+        try:
+            from .profiler import profile_model_file
+        except ImportError as e:
+            raise InputError(f"{model}: profiling model files is not available in this installation ({e})") from None
+        profile = _call_model_file(path, "profiling", profile_model_file, str(path), parallel=par, hardware=hw,
+                                   method=method.value, device=device.value, attention=attention.value,
+                                   progress=True)
+    else:
+        from .analytic import gpt_profile
+        from .models.catalog import MODELS
+
+        if model not in MODELS:
+            raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, or a .py file "
+                             "that builds a PyTorch model)")
+        if method is Method.measure:
+            raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
+                             "(MODEL.py) to run. Use --method analytic for catalog models.")
+        try:
+            profile = gpt_profile(MODELS[model], par, hw, attention.value, dropout)
+        except ValueError as e:
+            if isinstance(e, ValidationError):
+                raise
+            raise InputError(f"{model}: {e}") from None
+    write_atomic(output, dumps(profile))
+    _profile_summary(profile, output)
+
+
+def _profile_summary(profile: Profile, path: Path) -> None:
+    par, hw = profile.parallel, profile.hardware
+    out.print(f"wrote {path}: {profile.model.name} ({profile.model.params / 1e9:.2f} B params, "
+              f"{len(profile.layers)} layers) on {hw.name} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} "
+              f"dp {par.dp}, micro-batch {par.micro_batch_size} x {par.num_microbatches}, seq {par.seq_len}, "
+              f"{par.schedule}, {profile.attention} attention, dropout {profile.dropout}, {profile.method}")
+    try:
+        from .solvers import solve
+
+        peaks = {a: solve(profile, a, 2**62).evaluation.peak_bytes for a in ("none", "full")}
+        out.print(f"peak memory per device on Megatron's even split: no recomputation {format_bytes(peaks['none'])}, "
+                  f"full recomputation {format_bytes(peaks['full'])}")
+    except Exception:  # a summary line is not worth failing for
+        pass
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx plan
+
+
+@command("plan")
+def plan_cmd(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")],
+    algo: Annotated[str, typer.Option(
+        help="heu (Lynx heuristic), opt (Lynx MILP), none, full, selective, uniform, block (Megatron-LM), "
+             "checkmate, adapipe.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan JSON.")],
+    memory_limit: Annotated[Optional[str], typer.Option(
+        show_default="the profile's device memory",
+        help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        min=0.001, show_default="the solver's own", help="Seconds the MILP solvers (opt, checkmate) may search.")]
+    = None,
+    partition: Annotated[Optional[Partition], typer.Option(
+        show_default="auto for heu, opt, adapipe; even (Megatron) otherwise",
+        help="Stage split: even (Megatron's) or auto (recomputation-aware).")] = None,
+    reproducible: Annotated[bool, typer.Option(
+        "--reproducible",
+        help="Write solver.search_time_s as 0.0 so identical inputs give byte-identical plan files. Without it "
+             "only that field (wall time of the search) differs between runs.")] = False,
+) -> None:
+    """Search a recomputation strategy for PROFILE within the memory limit and write it as a plan."""
+    from . import solvers
+
+    if algo not in solvers.ALGOS:
+        raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(solvers.ALGOS)})")
+    _check_output(output)
+    profile = _load_profile(profile_path)
+    sha = file_sha256(profile_path)
+    limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
+    try:
+        with err.status(f"searching ({algo}) ..."):
+            plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,
+                                partition.value if partition else None)
+    except ModuleNotFoundError as e:
+        raise InputError(f"--algo: {algo!r} is not available in this installation ({e})") from None
+    if reproducible:
+        plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"search_time_s": 0.0})})
+    write_atomic(output, dumps(plan))
+    _plan_summary(plan, output)
+
+
+def _plan_summary(plan: Plan, path: Path) -> None:
+    pred = plan.predicted
+    t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
+    table = Table(title=f"{plan.algo}: {path}", title_justify="left")
+    for col in ("stage", "layers", "peak GiB", "limit GiB", "static GiB", "activations GiB", "recompute exposed",
+                "hidden"):
+        table.add_column(col, justify="right")
+    for st, pr in zip(plan.stages, pred.stages):
+        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _gib(pr.peak_memory_bytes),
+                      _gib(plan.memory_limit_bytes), _gib(pr.static_bytes), _gib(pr.activation_bytes),
+                      _ms(pr.exposed_recompute_s), _ms(pr.hidden_recompute_s))
+    out.print(table)
+    out.print(f"iteration time {t:.4f} s; ideal (no recomputation, unlimited memory) {ideal:.4f} s: "
+              f"{ideal / t:.3f}x of ideal speed (+{(t / ideal - 1) * 100:.1f}%)")
+    out.print(f"solver {plan.solver.name}: {plan.solver.status}, search time {_ms(plan.solver.search_time_s)}"
+              + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx compare
+
+
+def compare_rows(profile: Profile, algos: list[str], limit: int, time_limit: float | None,
+                 progress: bool = True) -> list[dict]:
+    """One row per algorithm: the contract's keys plus `available`, `peak_per_stage` and `note`."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .solvers import Infeasible, solve
+
+    rows: list[dict] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not progress) as bar:
+        task = bar.add_task("solving", total=len(algos))
+        for algo in algos:
+            bar.update(task, description=f"solving {algo}")
+            row: dict[str, Any] = {"algo": algo, "iteration_time_s": None, "speedup_vs_full": None,
+                                   "peak_memory_bytes": None, "fits": False, "search_time_s": None,
+                                   "available": True, "peak_per_stage": None, "note": ""}
+            t0 = time.perf_counter()
+            try:
+                solved = solve(profile, algo, limit, time_limit)
+            except ModuleNotFoundError as e:
+                row.update(available=False, note=f"not available ({e.name or e})")
+            except Infeasible as e:
+                row.update(peak_memory_bytes=e.needed, search_time_s=round(time.perf_counter() - t0, 6),
+                           note=str(e))
+            else:
+                ev = solved.evaluation
+                row.update(iteration_time_s=ev.predicted.iteration_time_s, peak_memory_bytes=ev.peak_bytes,
+                           fits=ev.fits(limit), search_time_s=solved.solver.search_time_s,
+                           peak_per_stage=[s.peak_memory_bytes for s in ev.predicted.stages])
+            rows.append(row)
+            bar.advance(task)
+    full = next((r["iteration_time_s"] for r in rows if r["algo"] == "full"), None)
+    if full is None and "full" not in algos:
+        try:
+            full = solve(profile, "full", limit).evaluation.predicted.iteration_time_s
+        except Exception:
+            full = None
+    for r in rows:
+        if full is not None and r["iteration_time_s"]:
+            r["speedup_vs_full"] = full / r["iteration_time_s"]
+    return rows
+
+
+@command("compare")
+def compare_cmd(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")],
+    memory_limit: Annotated[Optional[str], typer.Option(
+        show_default="the profile's device memory",
+        help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
+    algos: Annotated[Optional[str], typer.Option(
+        show_default="all: heu,opt,none,full,selective,uniform,block,checkmate,adapipe",
+        help="Comma-separated algorithms to compare.")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        min=0.001, show_default="the solver's own", help="Seconds each MILP solver may search.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print a JSON list of {"algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", '
+        '"fits", "search_time_s"} instead of a table.')] = False,
+) -> None:
+    """Run several algorithms on PROFILE under one memory limit and compare time, memory and search time."""
+    names = _algos(algos)
+    profile = _load_profile(profile_path)
+    limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
+    rows = compare_rows(profile, names, limit, time_limit, progress=True)
+    for r in rows:
+        if not r["available"]:
+            err.print(f"note: {r['algo']}: {r['note']}")
+    if as_json:
+        keys = ("algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", "fits", "search_time_s")
+        typer.echo(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1))
+        return
+    table = Table(title=f"{profile_path}: memory limit {format_bytes(limit)}, pp {profile.parallel.pp}",
+                  title_justify="left")
+    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"),
+                      ("peak GiB max [per stage]", "left"), ("fits", "left"), ("search", "right")):
+        table.add_column(col, justify=just)
+    for r in rows:
+        if not r["available"]:
+            table.add_row(r["algo"], "-", "-", "-", "n/a", "-")
+            continue
+        if r["peak_per_stage"]:
+            peak = f"{_gib(r['peak_memory_bytes'])} [{' '.join(_gib(p) for p in r['peak_per_stage'])}]"
+        else:
+            peak = f"needs {_gib(r['peak_memory_bytes'])}" if r["peak_memory_bytes"] else "-"
+        table.add_row(r["algo"], f"{r['iteration_time_s']:.4f}" if r["iteration_time_s"] else "-",
+                      f"{r['speedup_vs_full']:.3f}x" if r["speedup_vs_full"] else "-", peak,
+                      "yes" if r["fits"] else "[red]no[/red]",
+                      _ms(r["search_time_s"]) if r["search_time_s"] is not None else "-")
+    out.print(table)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx simulate
+
+
+_STREAMS = ("compute", "tp collective", "recompute (side)")
+
+
+def chrome_trace(events: list[dict], stages: int) -> dict:
+    """Chrome trace-event JSON: one process per stage, one thread per stream, with name metadata for Perfetto."""
+    streams = list(_STREAMS) + sorted({e["tid"] for e in events} - set(_STREAMS))
+    tid = {name: i for i, name in enumerate(streams)}
+    meta: list[dict] = []
+    for s in range(stages):
+        meta.append({"name": "process_name", "ph": "M", "pid": s, "tid": 0, "args": {"name": f"stage {s}"}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": s, "tid": 0, "args": {"sort_index": s}})
+        for name in streams:
+            meta.append({"name": "thread_name", "ph": "M", "pid": s, "tid": tid[name], "args": {"name": name}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": s, "tid": tid[name],
+                         "args": {"sort_index": tid[name]}})
+    body = [{**e, "cat": e["tid"], "tid": tid[e["tid"]]} for e in events]
+    body.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+    return {"traceEvents": meta + body, "displayTimeUnit": "ms"}
+
+
+@command("simulate")
+def simulate_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
+    profile: Annotated[Optional[Path], typer.Option(
+        metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile to simulate against.")]
+    = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        metavar="TRACE.json", help="Write a Chrome trace (open in Perfetto or chrome://tracing): one track per "
+        "stage and stream.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the predicted block as JSON.")] = False,
+) -> None:
+    """Re-simulate a plan: per-stage memory and time, and optionally a timeline trace."""
+    from .evaluate import evaluate
+
+    plan = _load_plan(plan_path)
+    if trace is not None:
+        _check_output(trace, "--trace")
+    prof_path = _plan_profile_path(plan, plan_path, profile)
+    prof = _load_profile(prof_path)
+    if file_sha256(prof_path) != plan.profile_sha256:
+        err.print(f"warning: {prof_path} is not the profile the plan was made for (sha256 differs)")
+    if len(plan.stages) != prof.parallel.pp:
+        raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
+                         f"pp {prof.parallel.pp}")
+    try:
+        ev = evaluate(prof, plan.stages, trace=trace is not None)
+    except (KeyError, IndexError, ValueError) as e:
+        raise InputError(f"{plan_path}: the plan does not fit the profile {prof_path} ({type(e).__name__}: {e}); "
+                         "run `lynx check`") from None
+    if trace is not None:
+        write_atomic(trace, json.dumps(chrome_trace(ev.sim.trace, len(plan.stages))) + "\n")
+    pred = ev.predicted
+    if as_json:
+        typer.echo(json.dumps(pred.model_dump(mode="json"), indent=1))
+        return
+    table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left")
+    for col in ("stage", "peak GiB", "static GiB", "activations GiB", "busy s", "exposed recompute",
+                "hidden recompute"):
+        table.add_column(col, justify="right")
+    for s in pred.stages:
+        table.add_row(str(s.stage), _gib(s.peak_memory_bytes), _gib(s.static_bytes), _gib(s.activation_bytes),
+                      f"{s.busy_time_s:.4f}", _ms(s.exposed_recompute_s), _ms(s.hidden_recompute_s))
+    out.print(table)
+    t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
+    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s (+{(t / ideal - 1) * 100:.1f}%); memory limit "
+              f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
+    if trace is not None:
+        out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx check
+
+
+@command("check")
+def check_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
+    profile: Annotated[Optional[Path], typer.Option(
+        metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile the plan must be valid for.")]
+    = None,
+) -> None:
+    """Verify a plan: made for this profile (sha256), covers every layer, legal policies, fits memory, and its
+    predicted time matches a fresh simulation. Exit 1 with the problems if not."""
+    from .evaluate import check
+
+    plan = _load_plan(plan_path)
+    prof_path = _plan_profile_path(plan, plan_path, profile)
+    prof = _load_profile(prof_path)
+    sha = file_sha256(prof_path)
+    if sha != plan.profile_sha256:
+        out.print(f"{plan_path}: profile_sha256 {plan.profile_sha256[:12]}... does not match {prof_path} "
+                  f"({sha[:12]}...): the profile changed since the plan was made; re-run `lynx plan`")
+        raise typer.Exit(1)
+    try:
+        problems = check(plan, prof)
+    except (KeyError, IndexError, ValueError) as e:
+        problems = [f"the plan does not fit the profile ({type(e).__name__}: {e})"]
+    if problems:
+        for p in problems:
+            out.print(f"{plan_path}: {p}")
+        raise typer.Exit(1)
+    peak = max(s.peak_memory_bytes for s in plan.predicted.stages)
+    out.print(f"ok: {plan_path} ({plan.algo}) is valid for {prof_path}: peak {format_bytes(peak)} <= limit "
+              f"{format_bytes(plan.memory_limit_bytes)}, iteration time {plan.predicted.iteration_time_s:.4f} s")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx apply
+
+
+@command("apply")
+def apply_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show what apply_plan would do to each layer, without training.")] = False,
+) -> None:
+    """Show how a plan maps onto a model's modules (--dry-run). Training scripts call lynx_planner.apply_plan."""
+    if not dry_run:
+        raise InputError("lynx apply needs --dry-run: plans are applied inside the training script, with "
+                         "`module = lynx_planner.apply_plan(module, 'plan.json', stage=STAGE)`")
+    if not model_path.is_file():
+        raise InputError(f"{model_path}: no such model file")
+    _load_plan(plan_path)  # a clear error for a bad plan before running user code
+    try:
+        from .runtime import dry_run as _dry_run
+    except ImportError as e:
+        raise InputError(f"the runtime (lynx_planner.runtime) is not available in this installation ({e})") from None
+    rows = _call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path))
+    table = Table(title=f"{plan_path} on {model_path}", title_justify="left")
+    for col in ("stage", "layer", "module", "mode", "keep", "recompute", "at"):
+        table.add_column(col)
+    for r in rows:
+        def cell(key: str) -> str:
+            v = r.get(key, "")
+            return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+        table.add_row(*(cell(k) for k in ("stage", "layer", "module", "mode", "keep", "recompute", "at")))
+    out.print(table)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx bench
+
+
+@command("bench")
+def bench_cmd(
+    suite: Annotated[Path, typer.Option(
+        help="Suite directory holding suite.json (a list of {profile, memory_limits}).")] = Path("bench"),
+    baseline: Annotated[Optional[Path], typer.Option(
+        show_default="SUITE/baseline.json", help="Quality baseline to check against or update.")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline, broke memory, or any plan "
+        "failed `lynx check`.")] = False,
+    update: Annotated[bool, typer.Option(
+        "--update", help="Write the baseline from this run (quality numbers only, no search times).")] = False,
+    algos: Annotated[Optional[str], typer.Option(
+        show_default="all", help="Comma-separated algorithms to run.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for bench.md and bench.json (created).")]
+    = Path("bench/out"),
+    time_limit: Annotated[Optional[float], typer.Option(
+        min=0.001, show_default="the solver's own", help="Seconds each MILP solver may search.")] = None,
+) -> None:
+    """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
+    from . import bench
+
+    code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
+                      time_limit=time_limit, console=out)
+    raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# catalogs and schemas
+
+
+@command("models")
+def models_cmd() -> None:
+    """List the catalog models."""
+    from .models.catalog import MODELS
+
+    table = Table(title="catalog models (vocabulary, GeLU MLP of ffn hidden, learned positions)",
+                  title_justify="left")
+    for col in ("name", "params (seq 2048)", "layers", "hidden", "heads", "ffn hidden", "vocab"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for m in MODELS.values():
+        table.add_row(m.name, f"{m.params() / 1e9:.2f} B", str(m.num_layers), str(m.hidden), str(m.heads),
+                      str(m.ffn), str(m.vocab))
+    out.print(table)
+
+
+@command("hardware")
+def hardware_cmd() -> None:
+    """List the hardware catalog (use --hardware FILE.json for your own)."""
+    from .models.hardware import HARDWARE
+
+    table = Table(title="hardware (efficiencies and bus bandwidths are assumptions to calibrate)",
+                  title_justify="left")
+    for col in ("name", "memory", "peak TFLOP/s", "HBM GB/s", "intra-node busbw GB/s", "inter-node busbw GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for h in HARDWARE.values():
+        table.add_row(h.name, format_bytes(h.memory_bytes), f"{h.peak_flops / 1e12:.1f}",
+                      f"{h.hbm_bytes_per_s / 1e9:.0f}", f"{h.intra_node_bus_bytes_per_s / 1e9:.0f}",
+                      f"{h.inter_node_bus_bytes_per_s / 1e9:.0f}")
+    out.print(table)
+
+
+class SchemaName(str, Enum):
+    profile = "profile"
+    plan = "plan"
+    hardware = "hardware"
+
+
+@command("schema")
+def schema_cmd(
+    name: Annotated[SchemaName, typer.Argument(help="Which file format.")],
+) -> None:
+    """Print the JSON Schema of a lynx file format."""
+    cls = {"profile": Profile, "plan": Plan, "hardware": Hardware}[name.value]
+    typer.echo(json.dumps(cls.model_json_schema(), indent=1))
+
+
+def main() -> None:  # pragma: no cover - `python -m lynx_planner.cli`
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
