@@ -36,8 +36,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-out = Console(highlight=False)  # stdout (resolved at print time, so test runners can capture it)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)  # stdout (resolved at print time, so test runners can capture it)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_HARDWARE = "a100-80g-nvlink"
 
@@ -125,10 +125,10 @@ def _plan_profile_path(plan: Plan, plan_path: Path, given: Path | None) -> Path:
     if given is not None:
         return given
     recorded = Path(plan.profile_path)
-    if recorded.is_absolute() or recorded.exists():
+    if recorded.exists():
         return recorded
     beside = plan_path.parent / recorded
-    if beside.exists():
+    if not recorded.is_absolute() and beside.exists():
         return beside
     raise InputError(f"{plan_path}: field profile_path: {plan.profile_path!r} does not exist (pass --profile)")
 
@@ -166,7 +166,7 @@ def _ms(seconds: float) -> str:
 
 
 def _gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.1f}"
+    return "-" if n is None else f"{n / 2**30:.2f}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -241,8 +241,7 @@ def profile_cmd(
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
                              schedule=schedule.value, distributed_optimizer=distributed_optimizer)
     except ValidationError as e:
-        raise InputError("; ".join(f"--{'-'.join(str(x) for x in err['loc']).replace('_', '-') or 'options'}: "
-                                   f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+        raise InputError(_option_errors(e)) from None
 
     is_file = model.endswith(".py") or os.sep in model or Path(model).is_file()
     if is_file:
@@ -270,12 +269,22 @@ def profile_cmd(
                              "(MODEL.py) to run. Use --method analytic for catalog models.")
         try:
             profile = gpt_profile(MODELS[model], par, hw, attention.value, dropout)
+        except ValidationError as e:
+            raise InputError(f"{model}: {_option_errors(e)}") from None
         except ValueError as e:
-            if isinstance(e, ValidationError):
-                raise
             raise InputError(f"{model}: {e}") from None
     write_atomic(output, dumps(profile))
     _profile_summary(profile, output)
+
+
+def _option_errors(e: ValidationError) -> str:
+    """Validation errors of options, named as options (--tp) rather than as model fields."""
+    parts = []
+    for item in e.errors():
+        msg = item["msg"].removeprefix("Value error, ")
+        loc = [str(x) for x in item["loc"]]
+        parts.append(f"--{loc[-1].replace('_', '-')}: {msg}" if loc else f"invalid options: {msg}")
+    return "; ".join(parts)
 
 
 def _profile_summary(profile: Profile, path: Path) -> None:
@@ -334,10 +343,24 @@ def plan_cmd(
                                 partition.value if partition else None)
     except ModuleNotFoundError as e:
         raise InputError(f"--algo: {algo!r} is not available in this installation ({e})") from None
+    except solvers.Infeasible as e:
+        raise solvers.Infeasible(f"{profile_path}: {e}{_least_memory_hint(profile, algo)}", e.needed) from None
     if reproducible:
         plan = plan.model_copy(update={"solver": plan.solver.model_copy(update={"search_time_s": 0.0})})
     write_atomic(output, dumps(plan))
     _plan_summary(plan, output)
+
+
+def _least_memory_hint(profile: Profile, algo: str) -> str:
+    if algo == "full":
+        return ""
+    from .solvers import solve
+
+    try:
+        full = solve(profile, "full", 2**62).evaluation.peak_bytes
+    except Exception:
+        return ""
+    return f"; full recomputation needs {format_bytes(full)}"
 
 
 def _plan_summary(plan: Plan, path: Path) -> None:
@@ -436,7 +459,7 @@ def compare_cmd(
                   title_justify="left")
     for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"),
                       ("peak GiB max [per stage]", "left"), ("fits", "left"), ("search", "right")):
-        table.add_column(col, justify=just)
+        table.add_column(col, justify=just, no_wrap=col in ("algo", "peak GiB max [per stage]"))
     for r in rows:
         if not r["available"]:
             table.add_row(r["algo"], "-", "-", "-", "n/a", "-")
@@ -622,8 +645,9 @@ def bench_cmd(
     """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
     from . import bench
 
+    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)  # CI logs: no squashing
     code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
-                      time_limit=time_limit, console=out)
+                      time_limit=time_limit, console=wide)
     raise typer.Exit(code)
 
 
@@ -639,7 +663,7 @@ def models_cmd() -> None:
     table = Table(title="catalog models (vocabulary, GeLU MLP of ffn hidden, learned positions)",
                   title_justify="left")
     for col in ("name", "params (seq 2048)", "layers", "hidden", "heads", "ffn hidden", "vocab"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
     for m in MODELS.values():
         table.add_row(m.name, f"{m.params() / 1e9:.2f} B", str(m.num_layers), str(m.hidden), str(m.heads),
                       str(m.ffn), str(m.vocab))
@@ -654,7 +678,7 @@ def hardware_cmd() -> None:
     table = Table(title="hardware (efficiencies and bus bandwidths are assumptions to calibrate)",
                   title_justify="left")
     for col in ("name", "memory", "peak TFLOP/s", "HBM GB/s", "intra-node busbw GB/s", "inter-node busbw GB/s"):
-        table.add_column(col, justify="left" if col == "name" else "right")
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
     for h in HARDWARE.values():
         table.add_row(h.name, format_bytes(h.memory_bytes), f"{h.peak_flops / 1e12:.1f}",
                       f"{h.hbm_bytes_per_s / 1e9:.0f}", f"{h.intra_node_bus_bytes_per_s / 1e9:.0f}",

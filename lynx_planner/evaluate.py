@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import policy, simulator
+from .memo import per_object
 from .schema import LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
 
 
@@ -77,6 +78,12 @@ class Evaluation:
     def fits(self, limit: int) -> bool:
         return self.peak_bytes <= limit
 
+    def better_than(self, other: Evaluation, limit: int) -> bool:
+        """Fitting beats not fitting; then the faster iteration wins."""
+        if self.fits(limit) != other.fits(limit):
+            return self.fits(limit)
+        return self.predicted.iteration_time_s < other.predicted.iteration_time_s - 1e-12
+
 
 def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False) -> Evaluation:
     sim = simulator.simulate(profile, runs_of(profile, stages), trace=trace)
@@ -92,8 +99,21 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False) -> 
     return Evaluation(Predicted(iteration_time_s=sim.iteration_time_s, ideal_iteration_time_s=ideal, stages=preds), sim)
 
 
+@per_object
+def _ideal_times(profile: Profile) -> dict[tuple[int, ...], float]:
+    return {}
+
+
 def ideal_time(profile: Profile, bounds: list[int]) -> float:
-    """The same split with no recomputation and unlimited memory."""
+    """The same split with no recomputation and unlimited memory (memoised per split)."""
+    known = _ideal_times(profile)
+    key = tuple(bounds)
+    if key not in known:
+        known[key] = _simulate_ideal(profile, bounds)
+    return known[key]
+
+
+def _simulate_ideal(profile: Profile, bounds: list[int]) -> float:
     nones = [none_policy(profile, i) for i in range(len(profile.layers))]
     runs = [simulator.stage_runs(profile, bounds[s], bounds[s + 1], nones[bounds[s]:bounds[s + 1]])
             for s in range(len(bounds) - 1)]

@@ -63,10 +63,14 @@ def accepted(fn: object, overrides: dict) -> dict:
     return {k: v for k, v in overrides.items() if k in params}
 
 
-def _build(path: Path, overrides: dict) -> tuple[torch.nn.Module, tuple]:
+def _build(path: Path, overrides: dict, required: tuple[str, ...]) -> tuple[torch.nn.Module, tuple]:
     user = _import(path)
-    if callable(getattr(user, "lynx_model", None)):
-        result = user.lynx_model(**accepted(user.lynx_model, overrides))
+    fn = getattr(user, "lynx_model", None)
+    missing = [k for k in required if k in overrides and not (callable(fn) and k in accepted(fn, overrides))]
+    if missing:
+        raise InputError(f"{path}: the model file does not accept {', '.join(missing)} (add it to lynx_model())")
+    if callable(fn):
+        result = fn(**accepted(fn, overrides))
         if not (isinstance(result, tuple) and len(result) == 2):
             raise InputError(f"{path}: lynx_model() must return (module, example_inputs)")
         module, inputs = result
@@ -80,18 +84,19 @@ def _build(path: Path, overrides: dict) -> tuple[torch.nn.Module, tuple]:
 
 
 def load_model_file(path: str | Path, *, fake_mode: object | None = None, dtype: torch.dtype | None = None,
-                    **overrides: object) -> tuple[torch.nn.Module, tuple]:
+                    required: tuple[str, ...] = (), **overrides: object) -> tuple[torch.nn.Module, tuple]:
     """(module, example_inputs) of a model file. With `fake_mode` (a FakeTensorMode) the file runs under it, so no
-    parameter or input is allocated; `dtype` is the default dtype while the model is built."""
-    path = Path(path).resolve()
-    if not path.is_file():
+    parameter or input is allocated; `dtype` is the default dtype while the model is built; `required` names the
+    overrides the file must accept."""
+    if not Path(path).is_file():
         raise InputError(f"{path}: no such file")
+    path = Path(path).resolve()
     with contextlib.ExitStack() as stack:
         if fake_mode is not None:
             stack.enter_context(fake_mode)
         stack.enter_context(default_dtype(dtype))
         try:
-            return _build(path, overrides)
+            return _build(path, overrides, required)
         except InputError:
             raise
         except Exception as e:  # the user's code failed: report their line, not ours

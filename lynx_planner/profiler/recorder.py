@@ -177,7 +177,8 @@ class OpRecorder(TorchDispatchMode):
         ins = tensors_in((args, kwargs))
         inplace = func._schema.is_mutable
         out_keys = [storage_key(t) for t in outs]
-        view = not inplace and all(k in self.owner or k in self.excluded or k in self.params for k in out_keys)
+        in_keys = set(map(storage_key, ins))
+        view = not inplace and all(k in in_keys for k in out_keys)
         inputs = list(dict.fromkeys(self.owner[k][0] for k in map(storage_key, ins) if k in self.owner))
         rec = OpRecord(
             id=op_id, module=path, name=name, kind=self._kind(name, flops), view=view, inplace=inplace,
@@ -191,7 +192,8 @@ class OpRecorder(TorchDispatchMode):
             rec.fwd.add(rec.kind, flops, rw, seconds, _is_causal(func, args, kwargs))
             self._own_outputs(rec, outs, out_keys)
             self._pending = (op_id, outs[0])
-        self._keep.extend(outs)
+        if not self._timed:  # held for the trace only: in timed runs it would change allocation costs
+            self._keep.extend(outs)
         self.records.append(rec)
 
     def _own_outputs(self, rec: OpRecord, outs: list[torch.Tensor], keys: list[StorageWeakRef]) -> None:

@@ -77,5 +77,7 @@ def _frontier(cands: list[Candidate]) -> tuple[Candidate, ...]:
 
 def reset_caches() -> None:
     """Forget derived block facts (so that a timed search pays for them, as a fresh process would)."""
-    for fn in (pareto, policy.analyse, simulator.block_segments):
+    from ..evaluate import _ideal_times
+
+    for fn in (pareto, policy.analyse, simulator.block_segments, _ideal_times):
         fn.cache_clear()

@@ -13,7 +13,7 @@ until it fits.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import evaluate as ev
 from ..schema import LayerPolicy, Profile
@@ -32,80 +32,127 @@ class Option:
     exposed_s: float
 
 
-def _options(model: StageModel, slot, cands: tuple[Candidate, ...]) -> list[Option]:
+LYNX_PLACEMENTS = ("layer_above", "on_demand")
+
+
+def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> list[Option]:
+    """Each candidate at its best allowed placement, reduced to the (memory, exposure) Pareto frontier."""
     opts = []
     for c in cands:
         best = None
-        for at in ("layer_above", "on_demand"):
+        for at in placements:
             e = exposure(slot, c, at)
             if e is not None and (best is None or e < best[1]):
                 best = (at, e)
         opts.append(Option(c, best[0], model.in_flight * c.kept_bytes, best[1]))
-    return _hull(opts)
-
-
-def _hull(opts: list[Option]) -> list[Option]:
-    """Lower convex hull of (mem, exposed), from least memory to least exposure."""
-    pts = sorted(opts, key=lambda o: (o.mem, o.exposed_s))
     frontier: list[Option] = []
-    for o in pts:  # Pareto: strictly less exposure as memory grows
+    for o in sorted(opts, key=lambda o: (o.mem, o.exposed_s)):
         if not frontier or o.exposed_s < frontier[-1].exposed_s - 1e-15:
             frontier.append(o)
+    return frontier
+
+
+def _hull(frontier: list[Option]) -> list[Option]:
+    """Lower convex hull of a frontier, from least memory to least exposure."""
     hull: list[Option] = []
     for o in frontier:
         while len(hull) >= 2:
             a, b = hull[-2], hull[-1]
-            # b is above the segment a-o: drop it
             if (b.exposed_s - a.exposed_s) * (o.mem - a.mem) >= (o.exposed_s - a.exposed_s) * (b.mem - a.mem):
-                hull.pop()
+                hull.pop()  # b lies on or above the segment a-o
             else:
                 break
         hull.append(o)
     return hull
 
 
-HullCache = dict  # (block, in-flight, window above, top) -> hull of options
+@dataclass
+class HullCache:
+    """Option frontiers and hulls per (block, in-flight, window above, top), for one search."""
+
+    placements: tuple[str, ...] = LYNX_PLACEMENTS
+    table: dict = field(default_factory=dict)
 
 
-def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
+def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
+    """(frontier, hull) of the class of slot j."""
     slot = model.slots[j]
     key = (slot.block, model.in_flight, round(slot.above_s, 12), slot.top)
-    if key not in cache:
-        cache[key] = _options(model, slot, candidates_of(profile, slot.block))
-    return cache[key]
+    if key not in cache.table:
+        frontier = _options(model, slot, candidates_of(profile, slot.block), cache.placements)
+        cache.table[key] = (frontier, _hull(frontier))
+    return cache.table[key]
+
+
+def _reserve(options) -> int:
+    """Bytes regenerated around the backward's start (the two layers recomputed there)."""
+    return 2 * max((o.cand.rec_bytes for o in options if o.at in ("on_demand", "layer_above")), default=0)
 
 
 def solve_stage(profile: Profile, model: StageModel, cache: HullCache | None = None
                 ) -> tuple[list[Option], float] | None:
     """One option per slot and the stage's estimated time per micro-batch; None if nothing fits."""
-    cache = {} if cache is None else cache
+    cache = HullCache() if cache is None else cache
     classes: dict[tuple, list[int]] = {}
     for j, slot in enumerate(model.slots):
         classes.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
-    hulls = {key: _class_hull(profile, model, js[0], cache) for key, js in classes.items()}
-    reserve = 2 * max(max(o.cand.rec_bytes for o in h) for h in hulls.values())
-    level = {key: [0] * len(js) for key, js in classes.items()}
-    used = reserve + sum(hulls[k][0].mem * len(js) for k, js in classes.items())
-    if used > model.budget:
+    hulls = {key: _class_options(profile, model, js[0], cache)[1] for key, js in classes.items()}
+    chosen = [hulls[key][0] for key, js in classes.items() for _ in js]
+    slot_of = [j for js in classes.values() for j in js]
+    if sum(o.mem for o in chosen) + _reserve(chosen) > model.budget:
         return None
-    heap = [(_ratio(hulls[k], 0), k, 0) for k in classes if len(hulls[k]) > 1]
+    for _ in range(2):  # the reserve shrinks as layers keep more: spend what it frees
+        _climb(hulls, classes, chosen, model.budget - _reserve(chosen))
+    _fill(profile, model, cache, chosen, slot_of)
+    ordered: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
+    for j, o in zip(slot_of, chosen):
+        ordered[j] = o
+    return ordered, model.compute_s + sum(o.exposed_s for o in ordered)
+
+
+def _climb(hulls: dict, classes: dict, chosen: list[Option], budget: int) -> None:
+    """Greedy along each class's hull, steepest step first, while the budget lasts (in place)."""
+    pos, starts = 0, {}
+    for key, js in classes.items():
+        starts[key] = pos
+        pos += len(js)
+    used = sum(o.mem for o in chosen)
+    level = {key: [hulls[key].index(chosen[starts[key] + i]) if chosen[starts[key] + i] in hulls[key] else 0
+                   for i in range(len(js))] for key, js in classes.items()}
+    heap = []
+    for key in classes:
+        for j in sorted(set(level[key])):
+            if j + 1 < len(hulls[key]):
+                heap.append((_ratio(hulls[key], j), key, j))
     heapq.heapify(heap)
     while heap:
         _, key, j = heapq.heappop(heap)
         h, lv = hulls[key], level[key]
         step = h[j + 1].mem - h[j].mem
         movable = [i for i, x in enumerate(lv) if x == j]
-        k = min(len(movable), int((model.budget - used) // step)) if step > 0 else len(movable)
+        k = min(len(movable), int((budget - used) // step)) if step > 0 else len(movable)
         for i in movable[:k]:
             lv[i] = j + 1
+            chosen[starts[key] + i] = h[j + 1]
         used += k * step
         if k and j + 2 < len(h):
             heapq.heappush(heap, (_ratio(h, j + 1), key, j + 1))
-    chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
-    for key, js in classes.items():
-        for slot_index, lv in zip(js, sorted(level[key], reverse=True)):
-            chosen[slot_index] = hulls[key][lv]
-    return chosen, model.compute_s + sum(o.exposed_s for o in chosen)
+
+
+def _fill(profile: Profile, model: StageModel, cache: HullCache, chosen: list[Option], slot_of: list[int]) -> None:
+    """Spend leftover memory on frontier points between hull vertices, one layer at a time (in place)."""
+    for i, j in enumerate(slot_of):
+        left = model.budget - sum(o.mem for o in chosen) - _reserve(chosen)
+        if left <= 0:
+            return
+        cur = chosen[i]
+        best = cur
+        for o in _class_options(profile, model, j, cache)[0]:
+            if o.mem - cur.mem <= left and o.exposed_s < best.exposed_s:
+                trial = chosen[:i] + [o] + chosen[i + 1:]
+                if sum(x.mem for x in trial) + _reserve(trial) <= model.budget:
+                    best = o
+        chosen[i] = best
 
 
 def _ratio(hull: list[Option], j: int) -> float:
@@ -122,8 +169,8 @@ def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Op
     return pols
 
 
-def plan_for_bounds(profile: Profile, limit: int, bounds: list[int], waits: list[float], cache: HullCache):
-    models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, waits[s]) for s in range(len(bounds) - 1)]
+def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], waits: list[float], cache: HullCache):
+    models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
     solved = [solve_stage(profile, m, cache) for m in models]
     if any(x is None for x in solved):
         return None
@@ -154,35 +201,46 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> e
     return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols))
 
 
-def repair(profile: Profile, limit: int, bounds, models, chosen, cache: HullCache, max_steps: int = 64):
-    """Step layers of over-limit stages down their hull until every stage fits (or nothing is left to give)."""
-    for _ in range(max_steps):
+def repair(profile: Profile, limit: int, bounds, models, chosen, cache: HullCache, max_rounds: int = 8):
+    """Step layers of over-limit stages down their frontier until the simulation finds every stage within its
+    limit (or nothing is left to give): each round frees at least the measured excess, cheapest steps first."""
+    for _ in range(max_rounds):
         pols = policies_of(profile, models, chosen)
         result = _simulate(profile, bounds, pols)
-        over = [st.stage for st in result.predicted.stages if st.peak_memory_bytes > limit]
+        over = {st.stage: st.peak_memory_bytes - limit for st in result.predicted.stages
+                if st.peak_memory_bytes > limit}
         if not over:
             return pols, result
-        for s in over:
-            opts = chosen[s]
-            hull_of = {j: _class_hull(profile, models[s], j, cache) for j in range(len(opts))}
-            # the slot whose next step down frees the most memory per exposure added
-            best = None
-            for j, o in enumerate(opts):
-                h = hull_of[j]
-                i = next(i for i, x in enumerate(h) if x.cand == o.cand)
-                if i > 0:
-                    gain = (o.mem - h[i - 1].mem) / max(1e-12, h[i - 1].exposed_s - o.exposed_s)
-                    if best is None or gain > best[0]:
-                        best = (gain, j, h[i - 1])
-            if best is None:
-                return pols, result
-            opts[best[1]] = best[2]
-    return pols, result
+        stepped = False
+        for s, excess in over.items():
+            while excess > 0 and (step := _cheapest_step_down(profile, models[s], chosen[s], cache)) is not None:
+                j, lower = step
+                excess -= chosen[s][j].mem - lower.mem
+                chosen[s][j] = lower
+                stepped = True
+        if not stepped:
+            return pols, result
+    return policies_of(profile, models, chosen), _simulate(profile, bounds, policies_of(profile, models, chosen))
 
 
-def heu_strategy(profile: Profile, limit: int, partition: str) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
+def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option], cache: HullCache):
+    """(slot, option) of the step down the frontier that frees the most memory per second of exposure added."""
+    best = None
+    for j, o in enumerate(opts):
+        frontier = _class_options(profile, model, j, cache)[0]
+        i = frontier.index(o)
+        if i > 0:
+            lower = frontier[i - 1]
+            gain = (o.mem - lower.mem) / max(1e-12, lower.exposed_s - o.exposed_s)
+            if best is None or gain > best[0]:
+                best = (gain, j, lower)
+    return None if best is None else (best[1], best[2])
+
+
+def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple[str, ...] = LYNX_PLACEMENTS
+                 ) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
     p = profile.parallel.pp
-    cache: HullCache = {}
+    cache = HullCache(placements)
     splits = [even_bounds(profile, p)]
     if partition == "auto":
         auto = auto_bounds(profile, limit, cache)
@@ -191,29 +249,28 @@ def heu_strategy(profile: Profile, limit: int, partition: str) -> tuple[list[int
     best = None
     for bounds in splits:
         waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
-        for _ in range(2):  # second round: windows measured on the first round's plan
-            built = plan_for_bounds(profile, limit, bounds, waits, cache)
+        limits = [limit] * p
+        for _ in range(3):
+            built = plan_for_bounds(profile, limits, bounds, waits, cache)
             if built is None:
                 break
             models, chosen = built
             pols, result = repair(profile, limit, bounds, models, chosen, cache)
-            if best is None or _better(result, best[2], limit):
+            if best is not None and best[0] == bounds and not result.better_than(best[2], limit):
+                break  # the calibration round did not help
+            if best is None or result.better_than(best[2], limit):
                 best = (bounds, pols, result)
-            waits = measured_grad_waits(profile, ev.runs_of(profile, ev.stage_plans(profile, bounds, pols)))
+            # Next round: windows measured on this plan, and each stage's model budget corrected by the memory
+            # the simulation found unused (the model's peak is conservative).
+            waits = measured_grad_waits(profile, result.sim)
+            limits = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
     if best is None:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, 0.0) for s in range(p)]
-        chosen = [[_options(m, sl, candidates_of(profile, sl.block))[0] for sl in m.slots] for m in models]
+        chosen = [[_class_options(profile, m, j, cache)[0][0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
     return best
-
-
-def _better(a: ev.Evaluation, b: ev.Evaluation, limit: int) -> bool:
-    fa, fb = a.fits(limit), b.fits(limit)
-    if fa != fb:
-        return fa
-    return a.predicted.iteration_time_s < b.predicted.iteration_time_s
 
 
 def search(problem: Problem, algo: str = "heu") -> Strategy:

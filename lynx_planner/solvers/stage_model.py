@@ -81,9 +81,8 @@ def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
     return costs.p2p_s(simulator.boundary_bytes(profile, end - 1), bus) / profile.hardware.interference
 
 
-def measured_grad_waits(profile: Profile, stage_layers: list[list[simulator.LayerRun]]) -> list[float]:
-    """Median wait before a backward, per stage, from a simulation (as hideable work)."""
-    sim = simulator.simulate(profile, stage_layers)
+def measured_grad_waits(profile: Profile, sim: simulator.SimResult) -> list[float]:
+    """Median wait before a backward, per stage, in a simulated plan (as hideable work)."""
     return [median(r.grad_waits_s) / profile.hardware.interference if r.grad_waits_s else 0.0 for r in sim.stages]
 
 

@@ -1,0 +1,91 @@
+"""Forward and backward time of each op: a roofline estimate, or a measurement on a real device.
+
+analytic: GEMMs by FLOPs at the hardware's GEMM efficiency, attention kernels by FLOPs at the attention efficiency
+(halved when causal), every other op by the bytes it reads and writes at the memory efficiency. The backward of an op
+is the work of the backward kernels its autograd node ran in the traced backward (see recorder.py), costed alike.
+
+measure: real forward and backward of the block's instances (round robin over the layers of the type), after
+warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
+over runs. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
+without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from .. import costs
+from ..schema import Hardware
+from .recorder import Cost, tensors_in
+from .tracing import BlockTrace, fresh_arguments, run_block
+
+Times = dict[str, tuple[float, float]]  # op id -> (forward, backward) seconds
+
+
+def roofline_s(cost: Cost, hw: Hardware) -> float:
+    attention = cost.attention_flops / 2 if cost.causal else cost.attention_flops
+    return costs.gemm_s(cost.gemm_flops, hw) + costs.attention_s(attention, hw) + costs.memory_s(cost.rw_bytes, hw)
+
+
+def analytic_times(traced: BlockTrace, hw: Hardware) -> Times:
+    return {op.id: (roofline_s(op.fwd, hw), roofline_s(op.bwd, hw)) for op in traced.ops}
+
+
+def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str]) -> Times:
+    rec = run_block(module, args, kwargs, timed=True)[0]
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    last = None
+    for r in rec.records:
+        if r.id in known and not r.view:
+            last = r.id
+        if last is not None:
+            fwd[last] = fwd.get(last, 0.0) + r.fwd.seconds
+            bwd[last] = bwd.get(last, 0.0) + r.bwd.seconds
+    return {op: (fwd[op], bwd[op]) for op in fwd}
+
+
+def measure_times(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
+                  warmup: int = 2, advance: Callable[[], None] = lambda: None) -> Times:
+    """Median per-op (forward, backward) seconds over `runs` timed runs; `advance` is called after each run."""
+    samples: list[Times] = []
+    for i in range(warmup + runs):
+        module, args, kwargs = instances[i % len(instances)]
+        result = _one_run(module, args, kwargs, known)
+        if i >= warmup:
+            samples.append(result)
+        advance()
+    return {op: (statistics.median(s.get(op, (0.0, 0.0))[0] for s in samples),
+                 statistics.median(s.get(op, (0.0, 0.0))[1] for s in samples)) for op in known}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, runs: int = 5,
+                  warmup: int = 2) -> tuple[float, float]:
+    """Median (forward, backward) seconds of the whole block, without any instrumentation."""
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    fwd, bwd = [], []
+    for i in range(warmup + runs):
+        a, k = fresh_arguments(args, kwargs)
+        _synchronize(device)
+        t0 = time.perf_counter()
+        out = module(*a, **k)
+        _synchronize(device)
+        t1 = time.perf_counter()
+        grads_of = [t for t in tensors_in(out) if t.requires_grad]
+        if grads_of:
+            torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
+        _synchronize(device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return statistics.median(fwd), statistics.median(bwd)

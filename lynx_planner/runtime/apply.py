@@ -1,0 +1,171 @@
+"""`apply_plan`: wrap the layers of one pipeline stage as the plan says; `LynxRuntime` releases recomputations.
+
+Placements map to triggers (see `Placement` in schema.py):
+  on_demand     backward's first unpack of the layer's saved tensors (classic checkpointing)
+  layer_above   a gradient hook on the outputs of the next layer of the stage: backward entering it; for the
+                stage's top layer, the grad_wait trigger
+  grad_wait     `trigger(mb, "grad_wait")`: before micro-batch mb's backward, while its gradient receive is in flight
+  prev_forward  `trigger(mb, "prev_forward")`: at the start of the forward that precedes mb's backward
+The pipelining integration (`attach`) calls `trigger`; without it a training loop may call it itself, and a placement
+nobody triggers falls back to on_demand. Layers run in stage order within a micro-batch's forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ..io import load_model
+from ..schema import LayerPolicy, Plan, PlanParallel
+from .errors import PlanMismatchError
+from .opids import ModuleScope
+from .region import Region
+from .stages import layer_policies, resolve_layers, select_stage
+
+# Analytic profiles name the TP collectives that the model issues outside its layers 'tp_*' (analytic.py): they never
+# occur in a layer's forward, so the first-forward check skips them.
+_PLACEHOLDER_PREFIX = "tp_"
+
+_RUNTIME_OF_LAYER: weakref.WeakKeyDictionary[nn.Module, LynxRuntime] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Layer:
+    index: int  # global layer index
+    path: str
+    module: nn.Module
+    policy: LayerPolicy
+    at: str  # the trigger that releases its recomputation
+    keep: frozenset[str]
+    scope: ModuleScope | None
+    checked: bool = False
+
+
+class LynxRuntime:
+    """The applied plan of one stage: per-layer regions keyed by (micro-batch, layer) and their triggers."""
+
+    def __init__(self, stage: int, layers: list[_Layer], parallel: PlanParallel):
+        self.stage, self.parallel = stage, parallel
+        self.layers = layers
+        self.micro_batch = 0  # the micro-batch whose forward runs next (set by the pipelining integration)
+        self.log: list[tuple[int, int, str]] = []  # (micro-batch, layer, trigger) of every recomputation
+        self._regions: weakref.WeakValueDictionary[tuple[int, int], Region] = weakref.WeakValueDictionary()
+        self._keys: weakref.WeakKeyDictionary[Region, tuple[int, int]] = weakref.WeakKeyDictionary()
+        self._latest: dict[int, weakref.ref[Region]] = {}  # last region of each stage position
+        self._stream = None
+        for position, layer in enumerate(layers):
+            layer.module.forward = self._wrapped_forward(position, layer.module.forward)
+
+    def _wrapped_forward(self, position: int, forward: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return self._forward(position, forward, args, kwargs)
+        return wrapped
+
+    def _forward(self, position: int, forward: Any, args: tuple, kwargs: dict) -> Any:
+        layer = self.layers[position]
+        if layer.scope is None or not torch.is_grad_enabled():
+            out = forward(*args, **kwargs)
+        else:
+            region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
+            out = region.forward(*args, **kwargs)
+            if layer.module.training and not layer.checked:
+                self._check_ops(layer, region.op_ids)
+            key = (self.micro_batch, layer.index)
+            self._regions[key], self._keys[region] = region, key
+            self._latest[position] = weakref.ref(region)
+        if torch.is_grad_enabled():
+            self._chain(position, out)
+        return out
+
+    def _chain(self, position: int, out: Any) -> None:
+        """layer_above: recompute the layer below when backward reaches this layer's outputs."""
+        below = self._latest.pop(position - 1, None) if position > 0 else None
+        region = below() if below is not None else None
+        if region is None or self.layers[position - 1].at != "layer_above":
+            return
+        tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if tensors:
+            torch.autograd.graph.register_multi_grad_hook(
+                tensors, lambda _grad: region.recompute("layer_above"), mode="any")
+
+    def _check_ops(self, layer: _Layer, seen: frozenset[str]) -> None:
+        named = [*layer.policy.keep, *layer.policy.recompute]
+        unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)]
+        if unknown:
+            raise PlanMismatchError(
+                f"layer {layer.index} ({layer.path!r}): the plan names ops its forward never runs: "
+                f"{', '.join(unknown[:4])}; its forward runs e.g. {', '.join(sorted(seen)[:6])}. "
+                "Was the plan made from a profile of this model?")
+        layer.checked = True
+
+    def _recorded(self, region: Region, trigger: str) -> None:
+        mb, index = self._keys.get(region, (self.micro_batch, -1))
+        self.log.append((mb, index, trigger))
+
+    def _side_stream(self, device: torch.device) -> Any:
+        """Early recomputations on CUDA run on one side stream per stage (untested without a GPU)."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
+    def trigger(self, micro_batch: int, at: str) -> None:
+        """Release the recomputations placed `at` for one micro-batch, top layer first (backward needs it first)."""
+        for layer in reversed(self.layers):
+            if layer.at == at:
+                region = self._regions.get((micro_batch, layer.index))
+                if region is not None:
+                    region.recompute(at)
+
+    def recomputations(self, micro_batch: int | None = None) -> dict[int, list[str]]:
+        """Triggers of the recomputations logged so far, per global layer (of one micro-batch, or all)."""
+        out: dict[int, list[str]] = {}
+        for mb, index, trigger in self.log:
+            if micro_batch is None or mb == micro_batch:
+                out.setdefault(index, []).append(trigger)
+        return out
+
+
+def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: bool) -> _Layer:
+    at = "grad_wait" if policy.at == "layer_above" and top else policy.at
+    keep = frozenset(policy.keep) if policy.mode == "selective" else frozenset()
+    scope = ModuleScope(module) if policy.mode != "none" else None
+    return _Layer(index, path, module, policy, at, keep, scope)
+
+
+def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None) -> nn.Module:
+    """Wrap the layers of `stage` (None: the plan's only stage) of `module` as the plan says; returns `module`.
+
+    `module` is the whole model or a stage module that keeps the model's module paths for the stage's layers
+    (`StagePlan.layer_names`). Mismatches raise `PlanMismatchError`: here for stages and paths, at a layer's first
+    training forward for op ids the layer never runs. Apply it once, after copying the model and before training.
+    """
+    if not isinstance(plan, Plan):
+        plan = load_model(plan, Plan)
+    stage_plan = select_stage(plan, stage)
+    policies = layer_policies(stage_plan)
+    modules = resolve_layers(module, stage_plan)
+    for path, layer_module in zip(stage_plan.layer_names, modules):
+        if layer_module in _RUNTIME_OF_LAYER:
+            raise PlanMismatchError(f"a plan is already applied to layer {path!r}")
+    first = stage_plan.layers[0]
+    layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
+              for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
+    runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
+    for layer in layers:
+        _RUNTIME_OF_LAYER[layer.module] = runtime
+    return module
+
+
+def runtime_of(module: nn.Module) -> LynxRuntime:
+    """The runtime of the plan applied to (layers inside) `module`."""
+    found = {id(r): r for m in module.modules() if (r := _RUNTIME_OF_LAYER.get(m)) is not None}
+    if len(found) != 1:
+        raise PlanMismatchError("no plan is applied to this module" if not found else
+                                f"{len(found)} plans are applied inside this module: pass one stage's module")
+    return next(iter(found.values()))

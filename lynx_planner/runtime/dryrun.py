@@ -1,0 +1,80 @@
+"""`dry_run`: check that a plan fits a model file and its profile, and list what each layer will do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..io import file_sha256, load_model
+from ..schema import Plan, Profile
+from .errors import PlanMismatchError
+from .stages import layer_policies, resolve_layers
+
+
+def _profile_file(plan: Plan, plan_path: Path) -> Path | None:
+    """plan.profile_path, relative to the current directory, else to the plan's directory; None if absent."""
+    for candidate in (Path(plan.profile_path), plan_path.parent / plan.profile_path):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check_profile(plan: Plan, path: Path) -> Profile:
+    digest = file_sha256(path)
+    if digest != plan.profile_sha256:
+        raise PlanMismatchError(f"{path}: the profile changed since the plan was made (sha256 {digest[:12]}..., "
+                                f"the plan expects {plan.profile_sha256[:12]}...); re-run the planner")
+    return load_model(path, Profile)
+
+
+def _check_stages(plan: Plan, n_layers: int | None) -> None:
+    if len(plan.stages) != plan.parallel.pp:
+        raise PlanMismatchError(f"the plan has {len(plan.stages)} stages for pp = {plan.parallel.pp}")
+    end = 0
+    for i, stage in enumerate(plan.stages):
+        if stage.stage != i:
+            raise PlanMismatchError(f"stages[{i}] is numbered {stage.stage}, expected {i}")
+        if stage.layers[0] != end:
+            raise PlanMismatchError(f"stage {i} starts at layer {stage.layers[0]}, expected {end} (stages must "
+                                    "cover consecutive layers)")
+        end = stage.layers[1]
+    if n_layers is not None and end != n_layers:
+        raise PlanMismatchError(f"the stages cover {end} layers, the profile has {n_layers}")
+
+
+def _check_ops(profile: Profile, stage: int, index: int, block: str, ops: list[str]) -> None:
+    if profile.layers[index].block != block:
+        raise PlanMismatchError(f"stage {stage}, layer {index}: the plan says block {block!r}, the profile "
+                                f"{profile.layers[index].block!r}")
+    known = {op.id for op in profile.blocks[block].ops}
+    unknown = [op for op in ops if op not in known]
+    if unknown:
+        raise PlanMismatchError(f"stage {stage}, layer {index}: ops not in block {block!r} of the profile: "
+                                f"{', '.join(unknown[:4])}")
+
+
+def dry_run(plan_path: str, model_path: str) -> list[dict]:
+    """One row per layer (stage, layer, module, mode, keep, recompute, when) after checking that the plan fits the
+    model file (module paths), its stage layout and, when the plan's profile file exists, the profile (same sha256,
+    layer blocks and names, op ids). Raises PlanMismatchError (an InputError) on the first mismatch."""
+    from ..profiler import load_model_file  # the profiler imports torch internals; only a dry run needs them
+
+    plan = load_model(plan_path, Plan)
+    profile_path = _profile_file(plan, Path(plan_path))
+    profile = _check_profile(plan, profile_path) if profile_path is not None else None
+    _check_stages(plan, len(profile.layers) if profile is not None else None)
+    model, _ = load_model_file(model_path, fake_mode=FakeTensorMode())
+    rows = []
+    for stage in plan.stages:
+        resolve_layers(model, stage)
+        for offset, (name, policy) in enumerate(zip(stage.layer_names, layer_policies(stage))):
+            index = stage.layers[0] + offset
+            if profile is not None:
+                if profile.layers[index].name != name:
+                    raise PlanMismatchError(f"stage {stage.stage}, layer {index}: the plan names module {name!r}, "
+                                            f"the profile {profile.layers[index].name!r}")
+                _check_ops(profile, stage.stage, index, policy.block, [*policy.keep, *policy.recompute])
+            rows.append({"stage": stage.stage, "layer": index, "module": name, "mode": policy.mode,
+                         "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at})
+    return rows

@@ -1,0 +1,47 @@
+"""Turning MILP solutions into simulated plans: build, simulate, tighten over-limit stages, keep the best."""
+
+from __future__ import annotations
+
+from .. import evaluate as ev
+from ..schema import LayerPolicy, Profile
+from . import milp
+from .stage_model import measured_grad_waits, stage_model
+
+
+def policies(profile: Profile, models, choices) -> list[LayerPolicy]:
+    return [ev.layer_policy(profile, slot.layer, c.keep, c.recompute, at)
+            for model, picks in zip(models, choices) for slot, (c, at) in zip(model.slots, picks)]
+
+
+def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], allowed: tuple[str, ...],
+           objective: str, time_limit: float | None, rounds: int = 4):
+    """Solve, simulate; a stage the simulation finds over its limit gets its budget cut by the excess, and the
+    windows are re-measured on the new plan; up to `rounds` solves. Returns (policies, evaluation, last MilpResult)
+    of the best fitting plan, or (None, None, last result)."""
+    p = len(bounds) - 1
+    cut = [0] * p
+    best = None
+    result = None
+    for _ in range(rounds):
+        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit - cut[s], waits[s]) for s in range(p)]
+        result = milp.solve(profile, models, allowed, objective, time_limit)
+        if result.status == "infeasible":
+            break
+        pols = policies(profile, models, result.choices)
+        evaluation = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols))
+        over = {st.stage: st.peak_memory_bytes - limit for st in evaluation.predicted.stages
+                if st.peak_memory_bytes > limit}
+        if not over:
+            if best is None or evaluation.predicted.iteration_time_s < best[1].predicted.iteration_time_s:
+                best = (pols, evaluation)
+            if not (set(allowed) & {"grad_wait", "layer_above"}):
+                break  # on-demand plans do not depend on the windows
+            new_waits = measured_grad_waits(profile, evaluation.sim)
+            if all(abs(a - b) < 1e-6 for a, b in zip(new_waits, waits)):
+                break
+            waits = new_waits
+        for s, excess in over.items():
+            cut[s] += excess
+    if best is None:
+        return None, None, result
+    return best[0], best[1], result

@@ -1,0 +1,45 @@
+"""OPT: the exact MILP over every stage's policies and placements (solvers/milp.py), on the split HEU chooses
+(and, with --partition auto, also on Megatron's even split), judged by the simulator.
+
+The MILP is solved to proven optimality (or to the time limit) for its model of the timeline; its plan is then
+simulated, over-limit stages are tightened and the windows re-measured (solvers/milp_search.py). The returned plan is
+the best simulated one among the MILP's and HEU's, so OPT is never worse than HEU. `status`, `gap` and `bound_s`
+are the last MILP's: `bound_s` is its proven lower bound on the slowest stage's time per micro-batch.
+"""
+
+from __future__ import annotations
+
+from ..schema import PLACEMENTS
+from . import Problem, Strategy
+from .heu import heu_strategy
+from .milp_search import refine
+from .partition import even_bounds
+from .stage_model import measured_grad_waits
+
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+def search(problem: Problem, algo: str = "opt") -> Strategy:
+    profile, limit = problem.profile, problem.memory_limit
+    time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
+    bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition)
+    best = (bounds, pols, evaluation)
+    splits = [bounds]
+    even = even_bounds(profile, profile.parallel.pp)
+    if problem.partition == "auto" and even != bounds:
+        splits.append(even)
+    statuses, gaps, lower = [], [], []
+    for split in splits:
+        waits = measured_grad_waits(profile, evaluation.sim) if split == bounds else [0.0] * profile.parallel.pp
+        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", time_limit)
+        if result is not None and result.status != "infeasible":
+            statuses.append(result.status)
+            gaps.append(result.gap)
+            lower.append(result.bound_s)
+        if got is not None and got_eval.better_than(best[2], limit):
+            best = (split, got, got_eval)
+    status = "optimal" if statuses and all(s == "optimal" for s in statuses) else (statuses[-1] if statuses else
+                                                                                    "heuristic")
+    gap = max((g for g in gaps if g is not None), default=None)
+    bound = min((b for b in lower if b is not None), default=None)
+    return Strategy(best[0], best[1], status=status, gap=gap, bound_s=bound)
