@@ -289,7 +289,9 @@ def _option_errors(e: ValidationError) -> str:
 
 def _profile_summary(profile: Profile, path: Path) -> None:
     par, hw = profile.parallel, profile.hardware
-    out.print(f"wrote {path}: {profile.model.name} ({profile.model.params / 1e9:.2f} B params, "
+    params = profile.model.params
+    size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
+    out.print(f"wrote {path}: {profile.model.name} ({size} params, "
               f"{len(profile.layers)} layers) on {hw.name} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} "
               f"dp {par.dp}, micro-batch {par.micro_batch_size} x {par.num_microbatches}, seq {par.seq_len}, "
               f"{par.schedule}, {profile.attention} attention, dropout {profile.dropout}, {profile.method}")
@@ -613,7 +615,7 @@ def apply_cmd(
         table.add_column(col)
     for r in rows:
         def cell(key: str) -> str:
-            v = r.get(key, "")
+            v = r.get(key, r.get("when", "")) if key == "at" else r.get(key, "")
             return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
         table.add_row(*(cell(k) for k in ("stage", "layer", "module", "mode", "keep", "recompute", "at")))

@@ -13,6 +13,7 @@ nobody triggers falls back to on_demand. Layers run in stage order within a micr
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from .stages import layer_policies, resolve_layers, select_stage
 # Analytic profiles name the TP collectives that the model issues outside its layers 'tp_*' (analytic.py): they never
 # occur in a layer's forward, so the first-forward check skips them.
 _PLACEHOLDER_PREFIX = "tp_"
+
+_LOG_LENGTH = 4096
 
 _RUNTIME_OF_LAYER: weakref.WeakKeyDictionary[nn.Module, LynxRuntime] = weakref.WeakKeyDictionary()
 
@@ -53,10 +56,13 @@ class LynxRuntime:
     def __init__(self, stage: int, layers: list[_Layer], parallel: PlanParallel):
         self.stage, self.parallel = stage, parallel
         self.layers = layers
-        self.micro_batch = 0  # the micro-batch whose forward runs next (set by the pipelining integration)
-        self.log: list[tuple[int, int, str]] = []  # (micro-batch, layer, trigger) of every recomputation
-        self._regions: weakref.WeakValueDictionary[tuple[int, int], Region] = weakref.WeakValueDictionary()
-        self._keys: weakref.WeakKeyDictionary[Region, tuple[int, int]] = weakref.WeakKeyDictionary()
+        # The micro-batch whose forward runs next (set by the training loop or the pipelining integration; None: a
+        # forward outside the schedule, e.g. its shape inference, whose regions no trigger releases).
+        self.micro_batch: int | None = 0
+        # (micro-batch, layer, trigger) of the latest recomputations
+        self.log: deque[tuple[int | None, int, str]] = deque(maxlen=_LOG_LENGTH)
+        self._regions: weakref.WeakValueDictionary[tuple[int | None, int], Region] = weakref.WeakValueDictionary()
+        self._keys: weakref.WeakKeyDictionary[Region, tuple[int | None, int]] = weakref.WeakKeyDictionary()
         self._latest: dict[int, weakref.ref[Region]] = {}  # last region of each stage position
         self._stream = None
         for position, layer in enumerate(layers):
@@ -105,7 +111,7 @@ class LynxRuntime:
         layer.checked = True
 
     def _recorded(self, region: Region, trigger: str) -> None:
-        mb, index = self._keys.get(region, (self.micro_batch, -1))
+        mb, index = self._keys[region]
         self.log.append((mb, index, trigger))
 
     def _side_stream(self, device: torch.device) -> Any:
@@ -123,7 +129,7 @@ class LynxRuntime:
                     region.recompute(at)
 
     def recomputations(self, micro_batch: int | None = None) -> dict[int, list[str]]:
-        """Triggers of the recomputations logged so far, per global layer (of one micro-batch, or all)."""
+        """Triggers of the latest recomputations, per global layer (of one micro-batch, or all)."""
         out: dict[int, list[str]] = {}
         for mb, index, trigger in self.log:
             if micro_batch is None or mb == micro_batch:

@@ -58,7 +58,9 @@ def dry_run(plan_path: str, model_path: str) -> list[dict]:
     """One row per layer (stage, layer, module, mode, keep, recompute, when) after checking that the plan fits the
     model file (module paths), its stage layout and, when the plan's profile file exists, the profile (same sha256,
     layer blocks and names, op ids). Raises PlanMismatchError (an InputError) on the first mismatch."""
-    from ..profiler import load_model_file  # the profiler imports torch internals; only a dry run needs them
+    from ..profiler import (
+        load_model_file,  # the profiler imports torch internals; only a dry run needs them
+    )
 
     plan = load_model(plan_path, Plan)
     profile_path = _profile_file(plan, Path(plan_path))

@@ -1,7 +1,7 @@
 """Releasing a stage's recomputations inside `torch.distributed.pipelining` schedules (Schedule1F1B, ScheduleGPipe).
 
 `attach(stage)` wraps three methods of the `PipelineStage` instance (public API):
-  forward_one_chunk(mb)   sets the runtime's micro-batch; at its start releases prev_forward for the micro-batch
+  forward_one_chunk(mb)   sets the runtime's micro-batch (None outside it); at its start releases prev_forward for the micro-batch
                           whose backward comes right after this forward (the stage then holds its full in-flight
                           count: num_stages - stage_index for 1F1B, all micro-batches for GPipe)
   get_bwd_recv_ops(mb)    marks mb's grad_wait recomputation as pending
@@ -61,7 +61,10 @@ class _StageHooks:
         if self.outstanding and len(self.outstanding) + 1 == self.in_flight:
             self.runtime.trigger(self.outstanding[0], "prev_forward")
         self.runtime.micro_batch = fwd_chunk_id
-        out = self.forward(fwd_chunk_id, *args, **kwargs)
+        try:
+            out = self.forward(fwd_chunk_id, *args, **kwargs)
+        finally:
+            self.runtime.micro_batch = None
         self.outstanding.append(fwd_chunk_id)
         return out
 
@@ -72,7 +75,6 @@ class _StageHooks:
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         _pending[:] = [p for p in _pending if p != (self.runtime, bwd_chunk_id)]
         self.runtime.trigger(bwd_chunk_id, "grad_wait")
-        self.runtime.micro_batch = bwd_chunk_id
         out = self.backward(bwd_chunk_id, *args, **kwargs)
         self.outstanding.remove(bwd_chunk_id)
         return out
@@ -82,6 +84,7 @@ def attach(stage: Any, module: nn.Module | None = None) -> LynxRuntime:
     """Let a `PipelineStage` release the recomputations of the plan applied to `module` (default: stage.submod)."""
     runtime = runtime_of(module if module is not None else stage.submod)
     hooks = _StageHooks(runtime, stage)
+    runtime.micro_batch = None
     stage.forward_one_chunk = hooks.forward_one_chunk
     stage.get_bwd_recv_ops = hooks.get_bwd_recv_ops
     stage.backward_one_chunk = hooks.backward_one_chunk

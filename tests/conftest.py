@@ -1,0 +1,25 @@
+"""Shared fixtures: small analytic profiles that solve in well under a second."""
+
+from __future__ import annotations
+
+import pytest
+
+from lynx_planner.analytic import gpt_profile
+from lynx_planner.models.catalog import GPTConfig
+from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.schema import ParallelConfig, Profile
+
+TINY = GPTConfig("gpt-tiny", num_layers=8, hidden=1024, heads=16, vocab=8192)
+
+
+def small_profile(tp: int = 2, pp: int = 2, mb: int = 1, m: int = 4, hardware: str = "a100-80g-pcie",
+                  layers: int = 8, seq: int = 1024, attention: str = "flash", dropout: float = 0.1,
+                  sp: bool = False) -> Profile:
+    cfg = GPTConfig("gpt-tiny", num_layers=layers, hidden=1024, heads=16, vocab=8192)
+    par = ParallelConfig(tp=tp, pp=pp, micro_batch_size=mb, seq_len=seq, num_microbatches=m, sequence_parallel=sp)
+    return gpt_profile(cfg, par, HARDWARE[hardware], attention=attention, dropout=dropout)
+
+
+@pytest.fixture
+def profile() -> Profile:
+    return small_profile()

@@ -1,0 +1,269 @@
+"""Every kind of bad input exits 2 with a short message on stderr naming the file and field, no traceback, and leaves
+no output file behind (shared/CONTRACT.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lynx_planner.cli import app
+from lynx_planner.io import load_model
+from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.schema import Profile
+from lynx_planner.solvers import solve
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("inputs")
+    profile = d / "profile.json"
+    r = runner.invoke(app, ["profile", "gpt-1.3b", "--tp", "2", "--pp", "2", "-o", str(profile)])
+    assert r.exit_code == 0, r.output
+    plan = d / "plan.json"
+    r = runner.invoke(app, ["plan", str(profile), "--algo", "full", "-o", str(plan)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(profile.read_text())
+
+    def write(name: str, text: str) -> Path:
+        (d / name).write_text(text)
+        return d / name
+
+    files = {"profile": profile, "plan": plan, "dir": d}
+    files["malformed"] = write("malformed.json", profile.read_text()[:200])
+    files["empty"] = write("empty.json", "")
+    files["v2"] = write("v2.json", json.dumps({**data, "schema_version": 2}))
+    files["nolayers"] = write("nolayers.json", json.dumps({k: v for k, v in data.items() if k != "layers"}))
+    bad_type = json.loads(json.dumps(data))
+    bad_type["parallel"]["tp"] = "four"
+    files["badtype"] = write("badtype.json", json.dumps(bad_type))
+    files["list"] = write("list.json", "[1, 2, 3]")
+    hw = HARDWARE["a100-80g-nvlink"].model_dump()
+    hw["memory_bytes"] = -1
+    files["badhw"] = write("badhw.json", json.dumps(hw))
+    files["binary"] = d / "binary.json"
+    files["binary"].write_bytes(b"\xff\xfe\x00\x81")
+    return files
+
+
+def run_bad(args: list, out: Path | None = None, needle: str | tuple[str, ...] = ()):
+    before = set(out.parent.iterdir()) if out is not None and out.parent.is_dir() else set()
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert "Traceback" not in r.output
+    assert r.stderr.strip(), "the reason goes to stderr"
+    assert len(r.stderr.strip().splitlines()) <= 8, r.stderr
+    for n in (needle,) if isinstance(needle, str) else needle:
+        assert n in r.stderr, (n, r.stderr)
+    if out is not None:
+        assert not out.exists()
+        if out.parent.is_dir():
+            assert set(out.parent.iterdir()) == before, "a temporary file was left behind"
+    return r
+
+
+# --- input files ---------------------------------------------------------------------------------------------
+
+FILE_CASES = [
+    ("malformed", "not valid JSON"),
+    ("empty", "not valid JSON"),
+    ("binary", "cannot read"),
+    ("v2", "schema_version"),
+    ("nolayers", "layers"),
+    ("badtype", "parallel.tp"),
+    ("list", "profile"),
+    ("missing", "no such file"),
+]
+
+
+@pytest.mark.parametrize("which,needle", FILE_CASES)
+@pytest.mark.parametrize("cmd", ["plan", "compare"])
+def test_bad_profile_file(files, tmp_path, cmd, which, needle):
+    path = files.get(which, files["dir"] / "does-not-exist.json")
+    out = tmp_path / "plan.json"
+    args = [cmd, path] + (["--algo", "full", "-o", out] if cmd == "plan" else ["--algos", "full"])
+    run_bad(args, out if cmd == "plan" else None, (str(path), needle) if which != "list" else str(path))
+
+
+@pytest.mark.parametrize("which,needle", [c for c in FILE_CASES if c[0] != "list"])
+@pytest.mark.parametrize("cmd", ["simulate", "check"])
+def test_bad_plan_file(files, cmd, which, needle):
+    path = files.get(which, files["dir"] / "does-not-exist.json")
+    if which in ("v2", "nolayers", "badtype"):
+        needle = {"v2": "schema_version", "nolayers": "algo", "badtype": "algo"}[which]  # a profile is no plan
+    run_bad([cmd, path], None, (str(path), needle))
+
+
+def test_plan_given_for_profile(files, tmp_path):
+    run_bad(["plan", files["plan"], "--algo", "full", "-o", tmp_path / "x.json"], tmp_path / "x.json",
+            (str(files["plan"]), "field"))
+
+
+@pytest.mark.parametrize("cmd", ["simulate", "check"])
+def test_bad_profile_for_plan(files, cmd):
+    run_bad([cmd, files["plan"], "--profile", files["malformed"]], None, (str(files["malformed"]), "not valid JSON"))
+
+
+def test_plan_whose_recorded_profile_is_gone(files, tmp_path):
+    data = json.loads(files["plan"].read_text())
+    data["profile_path"] = str(tmp_path / "gone.json")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    run_bad(["check", plan], None, ("profile_path", "--profile"))
+
+
+def test_simulate_plan_with_wrong_stage_count(files, tmp_path):
+    other = tmp_path / "pp1.json"
+    assert runner.invoke(app, ["profile", "gpt-1.3b", "--tp", "2", "--pp", "1", "-o", str(other)]).exit_code == 0
+    run_bad(["simulate", files["plan"], "--profile", other], None, "stages")
+
+
+# --- names ---------------------------------------------------------------------------------------------------
+
+
+def test_unknown_model(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-99b", "-o", out], out, ("gpt-99b", "gpt-13b"))
+
+
+def test_missing_model_file(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", tmp_path / "nope.py", "-o", out], out, "nope.py")
+
+
+def test_unknown_hardware(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--hardware", "tpu-v9", "-o", out], out, ("--hardware", "tpu-v9"))
+
+
+def test_invalid_hardware_file(files, tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--hardware", files["badhw"], "-o", out], out, (str(files["badhw"]),
+                                                                                     "memory_bytes"))
+
+
+def test_unknown_algo(files, tmp_path):
+    out = tmp_path / "plan.json"
+    run_bad(["plan", files["profile"], "--algo", "magic", "-o", out], out, ("--algo", "magic"))
+    run_bad(["compare", files["profile"], "--algos", "full,magic"], None, ("--algos", "magic"))
+
+
+@pytest.mark.parametrize("choice", [["--attention", "sparse"], ["--method", "guess"], ["--schedule", "zb"],
+                                    ["--device", "tpu"], ["--tp", "0"], ["--pp", "-2"], ["--tp", "two"]])
+def test_bad_option_values(choice, tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", *choice, "-o", out], out, choice[0])
+
+
+def test_schema_unknown():
+    run_bad(["schema", "weights"], None, "weights")
+
+
+# --- sizes and numbers -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["-5GB", "0", "0GiB", "lots", "12XB", ""])
+def test_bad_sizes(files, tmp_path, size):
+    out = tmp_path / "plan.json"
+    run_bad(["plan", files["profile"], "--algo", "full", "--memory-limit", size, "-o", out], out, "--memory-limit")
+    run_bad(["compare", files["profile"], "--memory-limit", size, "--algos", "full"], None, "--memory-limit")
+
+
+@pytest.mark.parametrize("dropout", ["1", "1.5", "-0.1"])
+def test_bad_dropout(tmp_path, dropout):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--dropout", dropout, "-o", out], out, "--dropout")
+
+
+def test_tp_must_divide_heads(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--tp", "3", "-o", out], out, ("--tp 3", "heads"))
+
+
+def test_more_stages_than_layers(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--pp", "64", "-o", out], out, ("gpt-1.3b", "pp"))
+
+
+def test_sequence_parallel_needs_tp(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--sequence-parallel", "-o", out], out, "sequence_parallel")
+
+
+def test_measure_needs_model_file(tmp_path):
+    out = tmp_path / "p.json"
+    run_bad(["profile", "gpt-1.3b", "--method", "measure", "-o", out], out, ("--method measure", "model file"))
+
+
+def test_bad_time_limit(files, tmp_path):
+    out = tmp_path / "plan.json"
+    run_bad(["plan", files["profile"], "--algo", "full", "--time-limit", "-1", "-o", out], out, "--time-limit")
+
+
+# --- memory that no strategy meets ------------------------------------------------------------------------------
+
+
+def test_memory_limit_below_full_recomputation(files, tmp_path):
+    profile = load_model(files["profile"], Profile)
+    full = solve(profile, "full", 2**62).evaluation.peak_bytes
+    out = tmp_path / "plan.json"
+    r = run_bad(["plan", files["profile"], "--algo", "full", "--memory-limit", "1GiB", "-o", out], out, "needs")
+    assert f"{full / 2**30:.2f} GiB" in r.stderr  # the minimum needed
+    r = run_bad(["plan", files["profile"], "--algo", "none", "--memory-limit", "1GiB", "-o", out], out, "needs")
+    assert f"full recomputation needs {full / 2**30:.2f} GiB" in r.stderr
+
+
+# --- outputs -------------------------------------------------------------------------------------------------
+
+
+def test_output_in_missing_directory(files, tmp_path):
+    out = tmp_path / "no" / "such" / "dir" / "x.json"
+    run_bad(["profile", "gpt-1.3b", "-o", out], out, ("does not exist", str(out.parent)))
+    run_bad(["plan", files["profile"], "--algo", "full", "-o", out], out, "does not exist")
+    run_bad(["simulate", files["plan"], "--trace", out], out, "does not exist")
+
+
+def test_output_is_a_directory(files, tmp_path):
+    run_bad(["plan", files["profile"], "--algo", "full", "-o", tmp_path], None, "directory")
+
+
+def test_existing_output_untouched_on_failure(files, tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("previous")
+    r = runner.invoke(app, ["plan", str(files["profile"]), "--algo", "full", "--memory-limit", "1GiB", "-o", str(out)])
+    assert r.exit_code == 2
+    assert out.read_text() == "previous"
+
+
+# --- model files and the runtime ------------------------------------------------------------------------------
+
+
+def test_failing_model_file(tmp_path, monkeypatch):
+    def profile_model_file(path, **kw):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setitem(sys.modules, "lynx_planner.profiler",
+                        types.SimpleNamespace(profile_model_file=profile_model_file))
+    model = tmp_path / "model.py"
+    model.write_text("raise SystemExit\n")
+    out = tmp_path / "p.json"
+    run_bad(["profile", model, "-o", out], out, (str(model), "mat1 and mat2"))
+
+
+def test_apply_needs_dry_run_and_a_model_file(files, tmp_path):
+    run_bad(["apply", files["plan"], tmp_path / "nope.py", "--dry-run"], None, "nope.py")
+    model = tmp_path / "m.py"
+    model.write_text("")
+    run_bad(["apply", files["plan"], model], None, "--dry-run")
+
+
+def test_bench_bad_suite(tmp_path):
+    run_bad(["bench", "--suite", tmp_path, "--out", tmp_path / "out"], None, "suite.json")
+    (tmp_path / "suite.json").write_text(json.dumps([{"profile": "nope.json", "memory_limits": ["1GiB"]}]))
+    run_bad(["bench", "--suite", tmp_path, "--out", tmp_path / "out"], None, ("[0].profile", "nope.json"))

@@ -1,0 +1,75 @@
+"""Model files: the lynx_model() convention, the module-level fallback, and clear errors."""
+
+import textwrap
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from lynx_planner.io import InputError
+from lynx_planner.profiler import load_model_file
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "m.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_lynx_model_gets_accepted_overrides(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        def lynx_model(seq_len=4):
+            return torch.nn.Linear(3, 3), torch.zeros(seq_len, 3)
+    """)
+    module, inputs = load_model_file(path, seq_len=7, batch_size=2)
+    assert isinstance(module, torch.nn.Linear) and inputs[0].shape == (7, 3)
+
+
+def test_module_level_fallback_under_fake_mode(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        model = torch.nn.Linear(3, 3)
+        example_inputs = (torch.zeros(2, 3),)
+    """)
+    module, inputs = load_model_file(path, fake_mode=FakeTensorMode(), dtype=torch.bfloat16)
+    assert isinstance(module.weight, FakeTensor) and module.weight.dtype == torch.bfloat16
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        load_model_file(tmp_path / "nope.py")
+
+
+def test_no_model(tmp_path):
+    with pytest.raises(InputError, match="defines neither lynx_model\\(\\) nor model/example_inputs"):
+        load_model_file(write(tmp_path, "x = 1\n"))
+
+
+def test_user_exception_names_user_line(tmp_path):
+    path = write(tmp_path, """
+        def lynx_model():
+            return helper()
+
+        def helper():
+            raise ValueError("bad config")
+    """)
+    with pytest.raises(InputError) as err:
+        load_model_file(path)
+    assert str(err.value) == f"{path}:6: ValueError: bad config"
+
+
+def test_syntax_error(tmp_path):
+    with pytest.raises(InputError, match=r"m.py:1: SyntaxError"):
+        load_model_file(write(tmp_path, "def (:\n"))
+
+
+def test_required_override(tmp_path):
+    path = write(tmp_path, """
+        import torch
+        def lynx_model():
+            return torch.nn.Linear(3, 3), (torch.zeros(2, 3),)
+    """)
+    with pytest.raises(InputError, match="does not accept attention"):
+        load_model_file(path, required=("attention",), attention="math")

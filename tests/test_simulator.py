@@ -1,0 +1,114 @@
+"""Identities the simulator must satisfy, on synthetic profiles with exactly representable times."""
+
+from __future__ import annotations
+
+import pytest
+
+from lynx_planner import evaluate as ev
+from lynx_planner import simulator
+from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.schema import Block, Layer, LayerPolicy, ModelInfo, Op, ParallelConfig, Profile
+
+
+def synthetic(pp: int, m: int, layers: int = 4, schedule: str = "1f1b", window: float = 0.0,
+              transfer_bytes: int = 0, interference: float = 1.0) -> Profile:
+    """Layers of one compute op (fwd 1, bwd 2) around an optional backward-only collective of `window` seconds."""
+    ops = [Op(id="a:mm#0", fwd_s=1.0, bwd_s=2.0, out_bytes=1000, inputs=["input"], saves=["input"])]
+    if window:
+        ops.insert(0, Op(id="a:tp_grad_all_reduce#0", kind="collective", fwd_s=0.0, bwd_s=window, out_bytes=0,
+                         inputs=["input"]))
+    ops.append(Op(id="b:gelu#0", fwd_s=0.5, bwd_s=0.5, out_bytes=3000, inputs=["a:mm#0"], saves=["a:mm#0"]))
+    hw = HARDWARE["a100-80g-nvlink"].model_copy(update={"inter_node_latency_s": 0.0, "intra_node_latency_s": 0.0,
+                                                        "interference": interference})
+    block = Block(name="layer", input_bytes=100, output_bytes=transfer_bytes, ops=ops)
+    return Profile(model=ModelInfo(name="synthetic", source="test", params=0),
+                   parallel=ParallelConfig(pp=pp, num_microbatches=m, schedule=schedule),
+                   hardware=hw, blocks={"layer": block},
+                   layers=[Layer(block="layer", name=f"layers.{i}", params=0, static_bytes=0)
+                           for i in range(layers * pp)])
+
+
+def even(profile: Profile) -> list[int]:
+    n = len(profile.layers) // profile.parallel.pp
+    return [s * n for s in range(profile.parallel.pp + 1)]
+
+
+def run(profile: Profile, pols: list[LayerPolicy] | None = None) -> ev.Evaluation:
+    pols = pols or [ev.none_policy(profile, i) for i in range(len(profile.layers))]
+    return ev.evaluate(profile, ev.stage_plans(profile, even(profile), pols))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("pp,m", [(1, 1), (2, 4), (4, 4), (4, 16), (3, 2)])
+def test_equal_stages_free_communication(schedule, pp, m):
+    prof = synthetic(pp, m, schedule=schedule)
+    t_f, t_b = 4 * 1.5, 4 * 2.5  # four layers per stage
+    assert run(prof).predicted.iteration_time_s == (m + pp - 1) * (t_f + t_b)
+
+
+@pytest.mark.parametrize("pp,m", [(4, 16), (4, 2), (2, 8)])
+def test_peak_is_in_flight_times_layer_bytes(pp, m):
+    prof = synthetic(pp, m)
+    per_layer = 100 + 1000  # the input (saved by mm) and mm's output (saved by gelu)
+    for s, st in enumerate(run(prof).predicted.stages):
+        assert st.activation_bytes == min(m, pp - s) * 4 * per_layer
+
+
+def test_transfers_delay_each_hop():
+    slow = synthetic(2, 1, transfer_bytes=10**9)
+    bus = slow.hardware.intra_node_bus_bytes_per_s
+    # one micro-batch: F0, send, F1 B1, send, B0
+    assert run(slow).predicted.iteration_time_s == pytest.approx(2 * 6.0 + 2 * 10.0 + 2 * 1e9 / bus)
+
+
+def recompute_mm(profile: Profile, at: str, skip_top: bool = False) -> list[LayerPolicy]:
+    """Drop mm's output (1000 B) and recompute it (1 s) in every layer; optionally keep all in each stage top."""
+    n = len(profile.layers) // profile.parallel.pp
+    return [ev.none_policy(profile, i) if skip_top and i % n == n - 1
+            else ev.layer_policy(profile, i, frozenset(), ("a:mm#0",), at) for i in range(len(profile.layers))]
+
+
+def test_recomputation_in_a_longer_window_is_free():
+    prof = synthetic(2, 4, window=4.0)  # every layer's backward idles 4 s on its collective
+    ideal = run(prof).predicted.iteration_time_s
+    # below each stage's top layer, the layer above has a 4 s window for 1 s of work
+    hidden = run(prof, recompute_mm(prof, "layer_above", skip_top=True)).predicted
+    assert hidden.iteration_time_s == ideal
+    assert sum(s.exposed_recompute_s for s in hidden.stages) == 0
+    assert sum(s.hidden_recompute_s for s in hidden.stages) == 2 * 4 * 3 * 1.0
+    on_demand = run(prof, recompute_mm(prof, "on_demand", skip_top=True)).predicted
+    assert sum(s.exposed_recompute_s for s in on_demand.stages) == 2 * 4 * 3 * 1.0
+    assert on_demand.iteration_time_s > ideal
+
+
+def test_interference_shrinks_windows():
+    tight = synthetic(1, 1, window=0.5, interference=2.0)  # 0.5 s window, 1 s of work at half speed
+    got = run(tight, recompute_mm(tight, "layer_above")).predicted
+    # the top layer has no window (one stage, no gradient wait); the three others hide 0.25 s each
+    assert sum(s.exposed_recompute_s for s in got.stages) == 1.0 + 3 * 0.75
+    assert sum(s.hidden_recompute_s for s in got.stages) == 3 * 0.25
+
+
+def test_recomputed_tensors_live_until_their_backward():
+    prof = synthetic(1, 1)
+    kept = 4 * 100  # inputs only
+    lazy = run(prof, recompute_mm(prof, "on_demand")).predicted.stages[0].activation_bytes
+    assert lazy == kept + 1000  # one layer's regenerated output at a time
+    wide = synthetic(2, 1, window=10.0)  # stage 0 waits for stage 1's backward: its layers recompute early
+    pols = [ev.none_policy(wide, i) if i >= 4 else ev.layer_policy(wide, i, frozenset(), ("a:mm#0",), "grad_wait")
+            for i in range(8)]
+    early = run(wide, pols).predicted.stages[0].activation_bytes
+    assert early == kept + 4 * 1000  # all four regenerated before stage 0's backward starts
+
+
+def test_schedule_orders():
+    assert simulator.schedule("1f1b", 4, 0, 6) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4),
+                                                    ("B", 1), ("F", 5), ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
+    assert simulator.schedule("1f1b", 4, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+
+
+def test_trace_has_a_track_per_stage_and_stream():
+    prof = synthetic(2, 2, window=1.0)
+    ev_ = ev.evaluate(prof, ev.stage_plans(prof, even(prof), recompute_mm(prof, "layer_above")), trace=True)
+    tracks = {(e["pid"], e["tid"]) for e in ev_.sim.trace}
+    assert {(0, "compute"), (1, "compute"), (0, "recompute (side)"), (0, "tp collective")} <= tracks
