@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -201,7 +200,7 @@ class Partition(str, Enum):
 @command("profile")
 def profile_cmd(
     model: Annotated[str, typer.Argument(
-        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
+        metavar="MODEL", help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
              "PyTorch model.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile JSON.")],
     hardware: Annotated[str, typer.Option(
@@ -456,7 +455,21 @@ def compare_cmd(
     if as_json:
         keys = ("algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", "fits", "search_time_s")
         typer.echo(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1))
-        return
+    else:
+        _compare_table(profile_path, profile, limit, rows)
+    _fail_if_nothing_fits(rows, limit)
+
+
+def _fail_if_nothing_fits(rows: list[dict], limit: int) -> None:
+    """A memory limit that no strategy meets is bad input (exit 2), after the results are shown."""
+    ran = [r for r in rows if r["available"]]
+    if ran and not any(r["fits"] for r in ran):
+        least = min((r for r in ran if r["peak_memory_bytes"]), key=lambda r: r["peak_memory_bytes"], default=None)
+        need = f"; the least needed is {format_bytes(least['peak_memory_bytes'])} ({least['algo']})" if least else ""
+        raise InputError(f"--memory-limit: no algorithm fits in {format_bytes(limit)}{need}")
+
+
+def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[dict]) -> None:
     table = Table(title=f"{profile_path}: memory limit {format_bytes(limit)}, pp {profile.parallel.pp}",
                   title_justify="left")
     for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"),

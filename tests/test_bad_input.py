@@ -267,3 +267,13 @@ def test_bench_bad_suite(tmp_path):
     run_bad(["bench", "--suite", tmp_path, "--out", tmp_path / "out"], None, "suite.json")
     (tmp_path / "suite.json").write_text(json.dumps([{"profile": "nope.json", "memory_limits": ["1GiB"]}]))
     run_bad(["bench", "--suite", tmp_path, "--out", tmp_path / "out"], None, ("[0].profile", "nope.json"))
+
+
+def test_compare_when_nothing_fits(files):
+    """compare still prints its results, then reports the limit no strategy meets (exit 2)."""
+    r = runner.invoke(app, ["compare", str(files["profile"]), "--memory-limit", "1GiB", "--algos", "none,full",
+                            "--json"])
+    assert r.exit_code == 2, r.output
+    rows = json.loads(r.stdout)
+    assert [row["fits"] for row in rows] == [False, False]
+    assert "least needed" in r.stderr and "full" in r.stderr

@@ -308,3 +308,21 @@ def test_apply_without_dry_run_explains(plan_path, tmp_path):
     r = lynx("apply", plan_path, model)
     assert r.exit_code == 2
     assert "apply_plan" in r.stderr
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gpt_model.py"
+
+
+@pytest.mark.skipif(not EXAMPLE.is_file(), reason="examples/gpt_model.py not present")
+def test_model_file_end_to_end(tmp_path):
+    """profile a model file, plan it, check the plan, and dry-run it on the model."""
+    prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
+    r = lynx("profile", EXAMPLE, "--tp", "2", "--pp", "2", "--seq-len", "64", "-o", prof)
+    assert r.exit_code == 0, r.output
+    assert load_model(prof, Profile).model.source.endswith("gpt_model.py")
+    r = lynx("plan", prof, "--algo", "full", "-o", plan)
+    assert r.exit_code == 0, r.output
+    assert lynx("check", plan).exit_code == 0
+    r = lynx("apply", plan, EXAMPLE, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "layers.0" in r.stdout and "on_demand" in r.stdout

@@ -13,6 +13,8 @@ until it fits.
 from __future__ import annotations
 
 import heapq
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from .. import evaluate as ev
@@ -92,13 +94,14 @@ def _reserve(options: list[Option], tops: list[bool]) -> int:
     return top + below
 
 
-def solve_stage(profile: Profile, model: StageModel, caches: list[HullCache]
+def solve_stage(profile: Profile, model: StageModel, caches: list[HullCache], exact: bool = False
                 ) -> tuple[list[Option], float] | None:
     """One option per slot and the stage's estimated time per micro-batch, under whichever placement regime
-    (e.g. with or without layer_above) estimates faster; None if nothing fits."""
+    (e.g. with or without layer_above) estimates faster; None if nothing fits. `exact`: a knapsack DP over
+    discretised memory instead of the greedy hull walk (used for the plan; the greedy prices partitions)."""
     best = None
     for cache in caches:
-        got = _solve_stage(profile, model, cache)
+        got = (_knapsack if exact else _solve_stage)(profile, model, cache)
         if got is not None and (best is None or got[1] < best[1]):
             best = got
     return best
@@ -121,6 +124,55 @@ def _solve_stage(profile: Profile, model: StageModel, cache: HullCache) -> tuple
     for j, o in zip(slot_of, chosen):
         ordered[j] = o
     return ordered, model.compute_s + sum(o.exposed_s for o in ordered)
+
+
+MEMORY_UNITS = 4096  # discretisation of a stage's budget in the knapsack
+
+
+def _knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
+    """Exact over the option frontiers up to memory rounding (each option's memory rounded up to 1/4096 of the
+    budget): a DP over the slots below the top, then the best top option for what is left."""
+    fronts = [_class_options(profile, model, j, cache)[0] for j in range(len(model.slots))]
+    top = next(j for j, sl in enumerate(model.slots) if sl.top)
+    below = [j for j in range(len(model.slots)) if j != top]
+    la_reserve = max((o.cand.rec_bytes for j in below for o in fronts[j] if o.at == "layer_above"), default=0)
+    unit = max(1, model.budget) / MEMORY_UNITS
+    r = MEMORY_UNITS + 1
+    dp = np.zeros(r)  # least exposure of the slots so far within b units of memory
+    picks = []
+    for j in below:
+        new = np.full(r, np.inf)
+        arg = np.full(r, -1, dtype=np.int64)
+        for i, o in enumerate(fronts[j]):
+            k = int(np.ceil(o.mem / unit))
+            if k >= r:
+                continue
+            cand = np.full(r, np.inf)
+            cand[k:] = dp[: r - k] + o.exposed_s
+            better = cand < new
+            new[better], arg[better] = cand[better], i
+        dp = new
+        picks.append(arg)
+    best = None
+    for o in fronts[top]:
+        reserve = o.cand.rec_bytes + (la_reserve if any(x.at == "layer_above" for j in below for x in fronts[j])
+                                      else 0)
+        b = int((model.budget - o.mem - reserve) // unit)
+        if b < 0 or not np.isfinite(dp[min(b, r - 1)]):
+            continue
+        total = dp[min(b, r - 1)] + o.exposed_s
+        if best is None or total < best[0]:
+            best = (total, o, min(b, r - 1))
+    if best is None:
+        return None
+    chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
+    chosen[top] = best[1]
+    b = best[2]
+    for j, arg in zip(reversed(below), reversed(picks)):
+        o = fronts[j][arg[b]]
+        chosen[j] = o
+        b -= int(np.ceil(o.mem / unit))
+    return chosen, model.compute_s + sum(o.exposed_s for o in chosen)
 
 
 def _climb(hulls: dict, classes: dict, chosen: list[Option], budget: int) -> None:
@@ -186,7 +238,7 @@ def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Op
 def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], waits: list[float],
                     caches: list[HullCache]):
     models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
-    solved = [solve_stage(profile, m, caches) for m in models]
+    solved = [solve_stage(profile, m, caches, exact=True) for m in models]
     if any(x is None for x in solved):
         return None
     return models, [x[0] for x in solved]

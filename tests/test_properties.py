@@ -1,0 +1,90 @@
+"""Property tests over random op graphs and random small pipelines."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import small_profile
+from lynx_planner import policy, solvers
+from lynx_planner.evaluate import check, make_plan
+from lynx_planner.schema import Block, Op
+from lynx_planner.solvers import Infeasible
+from lynx_planner.solvers.candidates import pareto
+
+
+@st.composite
+def blocks(draw) -> Block:
+    n = draw(st.integers(2, 9))
+    ops: list[Op] = []
+    for i in range(n):
+        earlier = ["input"] + [o.id for o in ops]
+        inputs = draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=3, unique=True))
+        saves = draw(st.lists(st.sampled_from(inputs + [f"m:op#{i}"]), max_size=2, unique=True))
+        collective = i > 0 and draw(st.booleans()) and draw(st.booleans())
+        ops.append(Op(id=f"m:op#{i}", kind="collective" if collective else "compute",
+                      fwd_s=draw(st.floats(0.0, 2.0)), bwd_s=draw(st.floats(0.0, 3.0)),
+                      out_bytes=draw(st.integers(0, 1000)), aux_bytes=draw(st.sampled_from([0, 0, 7])),
+                      inputs=inputs, saves=saves))
+    return Block(name="random", input_bytes=draw(st.integers(0, 100)), output_bytes=0, ops=ops)
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks())
+def test_every_candidate_is_executable(block):
+    info = policy.analyse(block)
+    cands = pareto(block)
+    assert cands, "at least keeping everything"
+    for c in cands:
+        assert policy.validate(info, sorted(c.keep), list(c.recompute)) is None
+        assert set(policy.closure(info, c.keep)) <= set(c.recompute)
+    nothing = policy.cost(info, policy.none_keep(info), ())
+    assert min(c.rec_s for c in cands) == 0.0
+    assert max(c.kept_bytes for c in cands) <= nothing.kept_bytes + sum(
+        o.out_bytes for o in block.ops if o.kind == "collective")
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks(), st.data())
+def test_closure_covers_every_dropped_tensor(block, data):
+    info = policy.analyse(block)
+    keep = frozenset(data.draw(st.lists(st.sampled_from(info.keepable), unique=True)) if info.keepable else [])
+    rec = policy.closure(info, keep)
+    assert policy.validate(info, sorted(keep), list(rec)) is None
+    assert set(info.units) <= keep | set(rec)
+
+
+pipelines = st.fixed_dictionaries({
+    "tp": st.sampled_from([1, 2, 4]),
+    "pp": st.sampled_from([1, 2, 3]),
+    "mb": st.sampled_from([1, 2]),
+    "m_factor": st.sampled_from([1, 2]),
+    "hardware": st.sampled_from(["a100-80g-nvlink", "a100-80g-pcie", "h100-80g-nvlink"]),
+    "attention": st.sampled_from(["flash", "math"]),
+    "frac": st.floats(0.05, 0.95),
+})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pipelines)
+def test_random_pipelines(cfg):
+    prof = small_profile(tp=cfg["tp"], pp=cfg["pp"], mb=cfg["mb"], m=cfg["pp"] * cfg["m_factor"],
+                         hardware=cfg["hardware"], layers=6, seq=512, attention=cfg["attention"])
+    lo = solvers.solve(prof, "full", 1 << 50).evaluation.peak_bytes
+    hi = solvers.solve(prof, "none", 1 << 50).evaluation.peak_bytes
+    limit = int(lo + cfg["frac"] * (hi - lo))
+    times = {}
+    for algo in ("full", "selective", "block", "checkmate", "adapipe", "heu", "opt"):
+        try:
+            got = solvers.solve(prof, algo, limit, time_limit=20)
+        except Infeasible:
+            continue
+        plan = make_plan(prof, "p.json", "0" * 64, algo, limit, got.stages, got.solver, got.evaluation)
+        assert check(plan, prof) == [], algo
+        times[algo] = got.evaluation.predicted.iteration_time_s
+    assert {"full", "heu", "opt"} <= set(times)
+    best_baseline = min(t for a, t in times.items() if a not in ("heu", "opt"))
+    assert times["opt"] <= times["heu"] * (1 + 1e-9)
+    assert times["heu"] <= best_baseline * (1 + 1e-9)
+    again = solvers.solve(prof, "heu", limit)
+    assert again.evaluation.predicted.iteration_time_s == times["heu"]
