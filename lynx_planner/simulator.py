@@ -175,6 +175,11 @@ class _Stage:
         self.t = max(self.t, until)
 
     def _segments(self, segs: tuple[float, ...], name: str) -> None:
+        if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
+            busy = sum(segs[0::2])
+            self.busy += busy
+            self.t += busy + sum(segs[1::2])
+            return
         for i, dt in enumerate(segs):
             if i % 2 == 0:
                 self._event("compute", name, self.t, dt)

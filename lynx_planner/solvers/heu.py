@@ -195,7 +195,7 @@ def _climb(hulls: dict, classes: dict, chosen: list[Option], budget: int) -> Non
         h, lv = hulls[key], level[key]
         step = h[j + 1].mem - h[j].mem
         movable = [i for i, x in enumerate(lv) if x == j]
-        k = min(len(movable), int((budget - used) // step)) if step > 0 else len(movable)
+        k = min(len(movable), max(0, int((budget - used) // step))) if step > 0 else len(movable)
         for i in movable[:k]:
             lv[i] = j + 1
             chosen[starts[key] + i] = h[j + 1]
@@ -236,9 +236,9 @@ def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Op
 
 
 def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], waits: list[float],
-                    caches: list[HullCache]):
+                    caches: list[HullCache], exact: bool):
     models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
-    solved = [solve_stage(profile, m, caches, exact=True) for m in models]
+    solved = [solve_stage(profile, m, caches, exact) for m in models]
     if any(x is None for x in solved):
         return None
     return models, [x[0] for x in solved]
@@ -316,29 +316,40 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
         if auto and auto != splits[0]:
             splits.insert(0, auto)
     best = None
+    # Greedy and knapsack per-stage solutions are both built and simulated: the per-stage model cannot tell
+    # which one the timeline favours, the simulator can.
     for bounds in splits:
-        waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
-        limits = [limit] * p
-        for _ in range(3):
-            built = plan_for_bounds(profile, limits, bounds, waits, caches)
-            if built is None:
-                break
-            models, chosen = built
-            pols, result = repair(profile, limit, bounds, models, chosen, caches)
-            if best is not None and best[0] == bounds and not result.better_than(best[2], limit):
-                break  # the calibration round did not help
-            if best is None or result.better_than(best[2], limit):
-                best = (bounds, pols, result)
-            # Next round: windows measured on this plan, and each stage's model budget corrected by the memory
-            # the simulation found unused (the model's peak is conservative).
-            waits = measured_grad_waits(profile, result.sim)
-            limits = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
+        for exact in (False, True):
+            got = _calibrated(profile, limit, bounds, caches, exact)
+            if got is not None and (best is None or got[2].better_than(best[2], limit)):
+                best = got
     if best is None:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, 0.0) for s in range(p)]
         chosen = [[_class_options(profile, m, j, caches[-1])[0][0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
+    return best
+
+
+def _calibrated(profile: Profile, limit: int, bounds: list[int], caches: list[HullCache], exact: bool):
+    """Plan a split, then re-plan with the windows measured on the plan and each stage's model budget corrected
+    by the memory the simulation found unused (the model's peak is conservative); the best simulated plan."""
+    p = len(bounds) - 1
+    waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
+    limits = [limit] * p
+    best = None
+    for _ in range(3):
+        built = plan_for_bounds(profile, limits, bounds, waits, caches, exact)
+        if built is None:
+            break
+        models, chosen = built
+        pols, result = repair(profile, limit, bounds, models, chosen, caches)
+        if best is not None and not result.better_than(best[2], limit):
+            break
+        best = (bounds, pols, result)
+        waits = measured_grad_waits(profile, result.sim)
+        limits = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
     return best
 
 
