@@ -14,6 +14,7 @@ and recomputed tensors from the moment their recomputation starts until the laye
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from . import costs, policy
@@ -152,14 +153,17 @@ class _Stage:
         r = self.runs[l]
         task = _Task(r.rec_s, (k, -l), r.rec_bytes)
         self.tasks[(k, l)] = task
-        self.queue.append(task)
+        bisect.insort(self.queue, task, key=lambda x: x.key)  # earliest deadline first
 
     def idle(self, until: float) -> None:
         """The compute stream waits until `until`; the side stream recomputes meanwhile."""
         cur = self.t
+        if not self.queue:
+            self.t = max(cur, until)
+            return
         cap = (until - cur) / self.gamma
         while cap > EPS and self.queue:
-            task = min(self.queue, key=lambda x: x.key)
+            task = self.queue[0]
             if not task.started:
                 task.started = True
                 self.mem.append((cur, task.nbytes))
@@ -167,11 +171,12 @@ class _Stage:
             task.rem -= work
             cap -= work
             self.hidden += work
-            self._event("recompute (side)", f"R mb{task.key[0]} L{self.runs[-task.key[1]].index}", cur,
-                        work * self.gamma)
+            if self.trace is not None:
+                self._event("recompute (side)", f"R mb{task.key[0]} L{self.runs[-task.key[1]].index}", cur,
+                            work * self.gamma)
             cur += work * self.gamma
             if task.rem <= EPS:
-                self.queue.remove(task)
+                self.queue.pop(0)
         self.t = max(self.t, until)
 
     def _segments(self, segs: tuple[float, ...], name: str) -> None:
@@ -180,13 +185,16 @@ class _Stage:
             self.busy += busy
             self.t += busy + sum(segs[1::2])
             return
+        tracing = self.trace is not None
         for i, dt in enumerate(segs):
             if i % 2 == 0:
-                self._event("compute", name, self.t, dt)
+                if tracing:
+                    self._event("compute", name, self.t, dt)
                 self.t += dt
                 self.busy += dt
             elif dt > 0:
-                self._event("tp collective", name, self.t, dt)
+                if tracing:
+                    self._event("tp collective", name, self.t, dt)
                 self.idle(self.t + dt)
 
     def _expose(self, k: int, l: int, work: float, nbytes: int, started: bool) -> None:

@@ -2,8 +2,9 @@
 """Propose bench memory limits for profiles and write the suite files.
 
 For each profile the limits lie between the peak of Megatron's full recomputation (which must fit) and the peak of no
-recomputation (which must not): at fractions 0.75 and 0.45 of the way up from full's peak, rounded down to 0.25 GiB
-(and never above the device's memory). Those are the budgets where the choice of what to recompute matters.
+recomputation (which must not): at fractions 0.15 (tight: most layers must recompute something) and 0.5 of the way up
+from full's peak, rounded down to 1/16 GiB (and never above the device's memory). Those are the budgets where the
+choice of what to recompute, and where, matters. The CI subset takes the tight one.
 
 Usage:
   scripts/propose_limits.py                       # print the proposals for profiles/*.json
@@ -23,8 +24,8 @@ from lynx_planner.solvers import solve
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
-STEP = GiB // 4
-FRACTIONS = (0.75, 0.45)
+STEP = GiB // 16
+FRACTIONS = (0.15, 0.5)
 
 # The CI subset: small, quick cases covering every hardware kind, TP and PP in 2..8, one limit each.
 CI = [
@@ -44,7 +45,7 @@ def peaks(profile: Profile) -> tuple[int, int]:
 
 
 def gib(n: float) -> str:
-    text = f"{n / GiB:.2f}".rstrip("0").rstrip(".")
+    text = f"{n / GiB:.4f}".rstrip("0").rstrip(".")
     return f"{text}GiB"
 
 

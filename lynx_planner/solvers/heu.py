@@ -126,43 +126,48 @@ def _solve_stage(profile: Profile, model: StageModel, cache: HullCache) -> tuple
     return ordered, model.compute_s + sum(o.exposed_s for o in ordered)
 
 
-MEMORY_UNITS = 4096  # discretisation of a stage's budget in the knapsack
+MEMORY_UNITS = 2048  # discretisation of a stage's budget in the knapsack
 
 
 def _knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
-    """Exact over the option frontiers up to memory rounding (each option's memory rounded up to 1/4096 of the
+    """Exact over the option frontiers up to memory rounding (each option's memory rounded up to 1/2048 of the
     budget): a DP over the slots below the top, then the best top option for what is left."""
     fronts = [_class_options(profile, model, j, cache)[0] for j in range(len(model.slots))]
     top = next(j for j, sl in enumerate(model.slots) if sl.top)
     below = [j for j in range(len(model.slots)) if j != top]
-    la_reserve = max((o.cand.rec_bytes for j in below for o in fronts[j] if o.at == "layer_above"), default=0)
+    la = [o.cand.rec_bytes for j in below for o in fronts[j] if o.at == "layer_above"]
+    la_reserve = max(la, default=0)
     unit = max(1, model.budget) / MEMORY_UNITS
     r = MEMORY_UNITS + 1
     dp = np.zeros(r)  # least exposure of the slots so far within b units of memory
     picks = []
+    transitions: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for j in below:
-        new = np.full(r, np.inf)
-        arg = np.full(r, -1, dtype=np.int64)
-        for i, o in enumerate(fronts[j]):
-            k = int(np.ceil(o.mem / unit))
-            if k >= r:
-                continue
-            cand = np.full(r, np.inf)
-            cand[k:] = dp[: r - k] + o.exposed_s
-            better = cand < new
-            new[better], arg[better] = cand[better], i
-        dp = new
-        picks.append(arg)
+        key = id(fronts[j])  # slots of one class share a frontier, hence a transition
+        if key not in transitions:
+            # options rounding to the same memory are interchangeable but for exposure: keep the best of each
+            by_units: dict[int, int] = {}
+            for i, o in enumerate(fronts[j]):
+                k = int(np.ceil(o.mem / unit))
+                if k < r and (k not in by_units or o.exposed_s < fronts[j][by_units[k]].exposed_s):
+                    by_units[k] = i
+            units = np.array(list(by_units), dtype=np.int64)
+            src = np.arange(r)[None, :] - units[:, None]  # dp index each option builds on
+            exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()])[:, None]
+            transitions[key] = (np.maximum(src, 0), src >= 0, exposed, np.array(list(by_units.values())))
+        src, valid, exposed, option = transitions[key]
+        cand = np.where(valid, dp[src] + exposed, np.inf)
+        arg = cand.argmin(axis=0)
+        dp = cand[arg, np.arange(r)]
+        picks.append(option[arg])
     best = None
     for o in fronts[top]:
-        reserve = o.cand.rec_bytes + (la_reserve if any(x.at == "layer_above" for j in below for x in fronts[j])
-                                      else 0)
-        b = int((model.budget - o.mem - reserve) // unit)
-        if b < 0 or not np.isfinite(dp[min(b, r - 1)]):
+        b = min(int((model.budget - o.mem - o.cand.rec_bytes - la_reserve) // unit), r - 1)
+        if b < 0 or not np.isfinite(dp[b]):
             continue
-        total = dp[min(b, r - 1)] + o.exposed_s
+        total = dp[b] + o.exposed_s
         if best is None or total < best[0]:
-            best = (total, o, min(b, r - 1))
+            best = (total, o, b)
     if best is None:
         return None
     chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
@@ -256,7 +261,7 @@ def auto_bounds(profile: Profile, limit: int, caches: list[HullCache]) -> list[i
         key = (in_flight(par.schedule, p, s, par.num_microbatches), tuple(blocks[first:end]), end == n, first == 0)
         if key not in by_structure:
             model = stage_model(profile, s, first, end, limit, p2p_wait_s(profile, first, end))
-            solved = solve_stage(profile, model, caches)
+            solved = solve_stage(profile, model, caches[:1])  # one regime is enough to rank splits
             by_structure[key] = float("inf") if solved is None else solved[1]
         return by_structure[key]
 
@@ -319,7 +324,8 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     # Greedy and knapsack per-stage solutions are both built and simulated: the per-stage model cannot tell
     # which one the timeline favours, the simulator can.
     for bounds in splits:
-        for exact in (False, True):
+        # the even split is the fallback: it gets the knapsack alone
+        for exact in ((False, True) if bounds is splits[0] else (True,)):
             got = _calibrated(profile, limit, bounds, caches, exact)
             if got is not None and (best is None or got[2].better_than(best[2], limit)):
                 best = got
@@ -339,7 +345,7 @@ def _calibrated(profile: Profile, limit: int, bounds: list[int], caches: list[Hu
     waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
     limits = [limit] * p
     best = None
-    for _ in range(3):
+    for _ in range(2):
         built = plan_for_bounds(profile, limits, bounds, waits, caches, exact)
         if built is None:
             break

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from .. import evaluate as ev
 from ..schema import LayerPolicy, Profile
 from . import milp
@@ -16,15 +18,19 @@ def policies(profile: Profile, models, choices) -> list[LayerPolicy]:
 def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], allowed: tuple[str, ...],
            objective: str, time_limit: float | None, rounds: int = 4):
     """Solve, simulate; a stage the simulation finds over its limit gets its budget cut by the excess, and the
-    windows are re-measured on the new plan; up to `rounds` solves. Returns (policies, evaluation, last MilpResult)
-    of the best fitting plan, or (None, None, last result)."""
+    windows are re-measured on the new plan; up to `rounds` solves within `time_limit` seconds in all. Returns
+    (policies, evaluation, last MilpResult) of the best fitting plan, or (None, None, last result)."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     p = len(bounds) - 1
     cut = [0] * p
     best = None
     result = None
     for _ in range(rounds):
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            break
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit - cut[s], waits[s]) for s in range(p)]
-        result = milp.solve(profile, models, allowed, objective, time_limit)
+        result = milp.solve(profile, models, allowed, objective, left)
         if result.status == "infeasible":
             break
         pols = policies(profile, models, result.choices)

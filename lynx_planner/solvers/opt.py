@@ -4,10 +4,13 @@
 The MILP is solved to proven optimality (or to the time limit) for its model of the timeline; its plan is then
 simulated, over-limit stages are tightened and the windows re-measured (solvers/milp_search.py). The returned plan is
 the best simulated one among the MILP's and HEU's, so OPT is never worse than HEU. `status`, `gap` and `bound_s`
-are the last MILP's: `bound_s` is its proven lower bound on the slowest stage's time per micro-batch.
+are the MILPs': `optimal` only if every MILP was proven optimal; `bound_s` is the proven lower bound on the slowest
+stage's time per micro-batch. `--time-limit` (default 60 s) bounds the whole search.
 """
 
 from __future__ import annotations
+
+import time
 
 from ..schema import PLACEMENTS
 from . import Problem, Strategy
@@ -22,6 +25,7 @@ DEFAULT_TIME_LIMIT_S = 60.0
 def search(problem: Problem, algo: str = "opt") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
+    deadline = time.perf_counter() + time_limit  # --time-limit bounds the whole search
     bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition)
     best = (bounds, pols, evaluation)
     splits = [bounds]
@@ -31,7 +35,11 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
     statuses, gaps, lower = [], [], []
     for split in splits:
         waits = measured_grad_waits(profile, evaluation.sim) if split == bounds else [0.0] * profile.parallel.pp
-        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", time_limit)
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            statuses.append("time_limit")
+            break
+        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", left)
         if result is not None and result.status != "infeasible":
             statuses.append(result.status)
             gaps.append(result.gap)
