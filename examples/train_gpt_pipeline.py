@@ -1,11 +1,13 @@
 """Train a small GPT in a two-stage 1F1B pipeline on CPU with a lynx plan applied to each stage.
 
-    torchrun --nproc-per-node 2 examples/train_gpt_pipeline.py [--plan plan.json] [--steps 8]
+    torchrun --nproc-per-node 2 examples/train_gpt_pipeline.py [--plan plan.json | --demo-placements] [--steps 8]
 
-Without --plan it builds a demonstration plan from the analytic profile of this model, one placement per layer:
-stage 0 = embedding, layers.0 (selective, prev_forward), layers.1 (full, grad_wait); stage 1 = layers.2 (full,
-layer_above), layers.3 (selective, on_demand), lm_head. A plan from the planner for this profile works the same way.
-The file also defines `lynx_model()`, so `lynx` can profile it or dry-run a plan against it.
+By default it profiles this model analytically, plans it with HEU under a memory limit that forces recomputation
+(30% of the way from full recomputation's peak to no recomputation's), applies the plan to each stage and trains.
+--plan takes a plan file instead; --demo-placements a hand-made plan with one placement per layer, to see every
+trigger fire: stage 0 = embedding, layers.0 (selective, prev_forward), layers.1 (full, grad_wait); stage 1 =
+layers.2 (full, layer_above), layers.3 (selective, on_demand), lm_head. The file also defines `lynx_model()`, so
+`lynx` can profile it or dry-run a plan against it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 import lynx_planner
-from lynx_planner import policy
+from lynx_planner import policy, solvers
 from lynx_planner.analytic import gpt_profile
 from lynx_planner.io import load_model
 from lynx_planner.models.catalog import GPTConfig
@@ -98,6 +100,14 @@ def profile() -> Profile:
     return gpt_profile(CONFIG, par, HARDWARE["a100-80g-nvlink"], dropout=DROPOUT)
 
 
+def heu_plan(prof: Profile) -> Plan:
+    """What `lynx plan --algo heu` writes, for a limit between full recomputation's peak and none's."""
+    full = solvers.solve(prof, "full", 1 << 60).evaluation.peak_bytes
+    none = solvers.solve(prof, "none", 1 << 60).evaluation.peak_bytes
+    limit = int(full + 0.3 * (none - full))
+    return solvers.plan(prof, "(in memory)", "", "heu", limit)
+
+
 def demo_plan(prof: Profile) -> Plan:
     """One policy per layer from policy.py (no solver): mode and placement per layer index."""
     choices = {0: ("none", "on_demand"), 1: ("selective", "prev_forward"), 2: ("full", "grad_wait"),
@@ -125,14 +135,22 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", help="a plan file for this model (default: the demonstration plan)")
+    parser.add_argument("--plan", help="a plan file for this model (default: a HEU plan made here)")
+    parser.add_argument("--demo-placements", action="store_true", help="a hand-made plan using every placement")
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    plan = load_model(args.plan, Plan) if args.plan else demo_plan(profile())
+    if args.plan:
+        plan = load_model(args.plan, Plan)
+    else:
+        plan = demo_plan(profile()) if args.demo_placements else heu_plan(profile())
+    if rank == 0:
+        for st in plan.stages:
+            print(f"stage {st.stage}: " + ", ".join(f"{p.layers}: {p.mode} ({len(p.recompute)} ops, {p.at})"
+                                                   for p in st.policies), flush=True)
     if world != len(plan.stages):
         raise SystemExit(f"the plan has {len(plan.stages)} stages: run with --nproc-per-node {len(plan.stages)}")
 

@@ -125,7 +125,7 @@ def gpt_layer_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention
         ctx = core
     else:
         probs_elems = b * heads * s * s
-        scores = ops.gemm("attn.core:baddbmm#0", b * heads * s, h // a, s, saves=[qkv], inputs=[qkv],
+        ops.gemm("attn.core:baddbmm#0", b * heads * s, h // a, s, saves=[qkv], inputs=[qkv],
                           tags=["core_attn"])
         pb = ACT * probs_elems
         probs = ops.elementwise("attn.core:_softmax#0", pb, 2 * pb, 3 * pb, saves=["self"], tags=["core_attn"])

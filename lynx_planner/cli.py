@@ -200,7 +200,8 @@ class Partition(str, Enum):
 @command("profile")
 def profile_cmd(
     model: Annotated[str, typer.Argument(
-        metavar="MODEL", help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
+        metavar="MODEL",
+        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
              "PyTorch model.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile JSON.")],
     hardware: Annotated[str, typer.Option(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from conftest import small_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import small_profile
 from lynx_planner import policy, solvers
 from lynx_planner.evaluate import check, make_plan
 from lynx_planner.schema import Block, Op

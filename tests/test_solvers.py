@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import small_profile
+
 from lynx_planner import solvers
 from lynx_planner.evaluate import check, make_plan
 from lynx_planner.solvers import ALGOS, Infeasible

@@ -1,9 +1,9 @@
 """Releasing a stage's recomputations inside `torch.distributed.pipelining` schedules (Schedule1F1B, ScheduleGPipe).
 
 `attach(stage)` wraps three methods of the `PipelineStage` instance (public API):
-  forward_one_chunk(mb)   sets the runtime's micro-batch (None outside it); at its start releases prev_forward for the micro-batch
-                          whose backward comes right after this forward (the stage then holds its full in-flight
-                          count: num_stages - stage_index for 1F1B, all micro-batches for GPipe)
+  forward_one_chunk(mb)   sets the runtime's micro-batch (None outside it); at its start releases prev_forward for
+                          the micro-batch whose backward comes right after this forward (the stage then holds its
+                          full in-flight count: num_stages - stage_index for 1F1B, all micro-batches for GPipe)
   get_bwd_recv_ops(mb)    marks mb's grad_wait recomputation as pending
   backward_one_chunk(mb)  releases mb's grad_wait first if still pending (on CUDA the recomputation runs on the side
                           stream, overlapping the main stream's wait for the gradient), then runs the backward

@@ -7,9 +7,9 @@ Solved as the shared MILP (solvers/milp.py) with on-demand placement only and th
 from __future__ import annotations
 
 from . import Problem, Strategy
+from .heu import heu_strategy
 from .milp_search import refine
 from .partition import even_bounds
-from .heu import heu_strategy
 
 DEFAULT_TIME_LIMIT_S = 60.0
 

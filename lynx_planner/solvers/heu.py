@@ -1,29 +1,40 @@
 """HEU: solve one small problem per block type and window class, replicate it over identical layers, repair with
 the simulator.
 
-Per stage, layers of the same block type with the same window above them form a class: they share one option list
-(a Pareto candidate of the block, placed layer_above when it may be, which hides it in the idle backward time of the
-layer above). Options are reduced to the lower convex hull of (memory, exposed time); the memory budget is then spent
-greedily on the steepest hull steps, so a class ends with at most two neighbouring policies (Megatron's `block` idea,
-at op granularity). With `--partition auto` a dynamic programme picks the contiguous split whose slowest stage, under
-this per-stage solution, is fastest. The plan is simulated; a stage over its limit steps one layer down its hull
-until it fits.
+Per stage, layers of the same block type with the same window above them form a class and share one option frontier:
+each Pareto candidate of the block (solvers/candidates.py) at its best placement, as (memory, exposed time per
+micro-batch) under the stage model (solvers/stage_model.py). Two placement regimes are tried per stage: layer_above
+(recomputation hidden in the idle backward time of the layer above, but one more layer's tensors alive at the peak)
+and on demand. The budget is spent either greedily up the frontier's convex hull (so a class ends with at most two
+neighbouring policies, Megatron's `block` idea at op granularity) or by a knapsack DP over discretised memory; both
+plans are simulated and the simulator picks. With `--partition auto` a dynamic programme over contiguous splits,
+priced by the greedy, picks the stage boundaries (Megatron's even split is tried too). A stage the simulation finds
+over its limit steps layers down their frontier; a second round re-plans with the gradient waits and the free memory
+the simulation measured.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from .. import evaluate as ev
 from ..schema import LayerPolicy, Profile
+from ..simulator import in_flight
 from . import Problem, Strategy
 from .candidates import Candidate
 from .partition import best_bounds, even_bounds
-from ..simulator import in_flight
-from .stage_model import StageModel, candidates_of, exposure, measured_grad_waits, p2p_wait_s, stage_model
+from .stage_model import (
+    StageModel,
+    candidates_of,
+    exposure,
+    measured_grad_waits,
+    p2p_wait_s,
+    stage_model,
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ def _hull(frontier: list[Option]) -> list[Option]:
 
 @dataclass
 class HullCache:
-    """Option frontiers and hulls per (block, in-flight, window above, top), for one search."""
+    """Option frontiers and hulls per (block, in-flight, window above, top), for one placement regime."""
 
     placements: tuple[str, ...] = LYNX_PLACEMENTS
     table: dict = field(default_factory=dict)
@@ -101,13 +112,14 @@ def solve_stage(profile: Profile, model: StageModel, caches: list[HullCache], ex
     discretised memory instead of the greedy hull walk (used for the plan; the greedy prices partitions)."""
     best = None
     for cache in caches:
-        got = (_knapsack if exact else _solve_stage)(profile, model, cache)
+        got = (_knapsack if exact else _greedy)(profile, model, cache)
         if got is not None and (best is None or got[1] < best[1]):
             best = got
     return best
 
 
-def _solve_stage(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
+def _greedy(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
+    """Start every class at its most frugal option, then climb the hulls while the budget lasts."""
     classes: dict[tuple, list[int]] = {}
     for j, slot in enumerate(model.slots):
         classes.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
@@ -132,6 +144,8 @@ MEMORY_UNITS = 2048  # discretisation of a stage's budget in the knapsack
 def _knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
     """Exact over the option frontiers up to memory rounding (each option's memory rounded up to 1/2048 of the
     budget): a DP over the slots below the top, then the best top option for what is left."""
+    if model.budget <= 0:
+        return None
     fronts = [_class_options(profile, model, j, cache)[0] for j in range(len(model.slots))]
     top = next(j for j, sl in enumerate(model.slots) if sl.top)
     below = [j for j in range(len(model.slots)) if j != top]
@@ -151,6 +165,8 @@ def _knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[li
                 k = int(np.ceil(o.mem / unit))
                 if k < r and (k not in by_units or o.exposed_s < fronts[j][by_units[k]].exposed_s):
                     by_units[k] = i
+            if not by_units:
+                return None  # no option of this layer fits the stage's whole budget
             units = np.array(list(by_units), dtype=np.int64)
             src = np.arange(r)[None, :] - units[:, None]  # dp index each option builds on
             exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()])[:, None]
@@ -249,8 +265,8 @@ def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], wait
     return models, [x[0] for x in solved]
 
 
-def auto_bounds(profile: Profile, limit: int, caches: list[HullCache]) -> list[int]:
-    """The split whose slowest stage is fastest under HEU's per-stage estimate."""
+def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
+    """The split whose slowest stage is fastest under HEU's greedy per-stage estimate in one placement regime."""
     par = profile.parallel
     p, n = par.pp, len(profile.layers)
     blocks = [l.block for l in profile.layers]
@@ -261,16 +277,25 @@ def auto_bounds(profile: Profile, limit: int, caches: list[HullCache]) -> list[i
         key = (in_flight(par.schedule, p, s, par.num_microbatches), tuple(blocks[first:end]), end == n, first == 0)
         if key not in by_structure:
             model = stage_model(profile, s, first, end, limit, p2p_wait_s(profile, first, end))
-            solved = solve_stage(profile, model, caches[:1])  # one regime is enough to rank splits
+            solved = solve_stage(profile, model, [cache])
             by_structure[key] = float("inf") if solved is None else solved[1]
         return by_structure[key]
 
-    bounds, _ = best_bounds(n, p, stage_time)
+    bounds, _ = best_bounds(n, p, stage_time, longest=max(2, 2 * -(-n // p)))  # at most twice the even share
     return bounds
 
 
 def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> ev.Evaluation:
     return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols))
+
+
+def shortened(profile: Profile) -> Profile:
+    """The same pipeline with at most 2p + 1 micro-batches, for the search's own simulations: stage s still holds
+    min(M, p - s) in flight, so peaks are the same, and the steady state repeats, so plans rank the same."""
+    par = profile.parallel
+    m = min(par.num_microbatches, 2 * par.pp + 1)
+    return profile if m == par.num_microbatches else profile.model_copy(
+        update={"parallel": par.model_copy(update={"num_microbatches": m})})
 
 
 def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[HullCache], max_rounds: int = 8):
@@ -311,54 +336,62 @@ def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option],
 
 def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple[str, ...] = LYNX_PLACEMENTS
                  ) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
+    """HEU's split and policies, with their full-length evaluation (for searches that compare plans)."""
+    bounds, pols = heu_plan(profile, limit, partition, placements)
+    return bounds, pols, _simulate(profile, bounds, pols)
+
+
+def heu_plan(profile: Profile, limit: int, partition: str, placements: tuple[str, ...] = LYNX_PLACEMENTS
+             ) -> tuple[list[int], list[LayerPolicy]]:
     p = profile.parallel.pp
     # Placing recomputation layer_above hides it but holds one more layer's tensors at the peak: each stage is
     # solved with and without it.
     caches = [HullCache(placements)] + ([HullCache(("on_demand",))] if placements != ("on_demand",) else [])
+    profile = shortened(profile)
     splits = [even_bounds(profile, p)]
-    if partition == "auto":
-        auto = auto_bounds(profile, limit, caches)
-        if auto and auto != splits[0]:
-            splits.insert(0, auto)
-    best = None
-    # Greedy and knapsack per-stage solutions are both built and simulated: the per-stage model cannot tell
-    # which one the timeline favours, the simulator can.
+    if partition == "auto":  # splits priced with each placement regime (on demand is the frugal one)
+        for cache in reversed(caches):
+            auto = auto_bounds(profile, limit, cache)
+            if auto and auto not in splits:
+                splits.insert(0, auto)
+    # Every split is planned with the greedy and the knapsack per-stage solutions (the even split, the fallback,
+    # with the knapsack alone) and simulated: the per-stage model cannot tell which the timeline favours. The two
+    # best are then re-planned once with the gradient waits and the free memory their simulation measured.
+    screened = []
     for bounds in splits:
-        # the even split is the fallback: it gets the knapsack alone
-        for exact in ((False, True) if bounds is splits[0] else (True,)):
-            got = _calibrated(profile, limit, bounds, caches, exact)
-            if got is not None and (best is None or got[2].better_than(best[2], limit)):
-                best = got
+        waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
+        for exact in ((True,) if bounds is splits[-1] else (False, True)):
+            got = _round(profile, limit, bounds, caches, exact, waits, [limit] * p)
+            if got is not None:
+                screened.append((*got, exact))
+    screened.sort(key=functools.cmp_to_key(lambda a, b: -1 if a[2].better_than(b[2], limit) else
+                                           (1 if b[2].better_than(a[2], limit) else 0)))
+    best = screened[0] if screened else None
+    for bounds, _, result, limits, exact in screened[:2]:
+        slack = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
+        again = _round(profile, limit, bounds, caches, exact, measured_grad_waits(profile, result.sim), slack)
+        if again is not None and again[2].better_than(best[2], limit):
+            best = (*again, exact)
     if best is None:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, 0.0) for s in range(p)]
         chosen = [[_class_options(profile, m, j, caches[-1])[0][0] for j in range(len(m.slots))] for m in models]
-        pols = policies_of(profile, models, chosen)
-        return bounds, pols, _simulate(profile, bounds, pols)
-    return best
+        return bounds, policies_of(profile, models, chosen)
+    return best[0], best[1]
 
 
-def _calibrated(profile: Profile, limit: int, bounds: list[int], caches: list[HullCache], exact: bool):
-    """Plan a split, then re-plan with the windows measured on the plan and each stage's model budget corrected
-    by the memory the simulation found unused (the model's peak is conservative); the best simulated plan."""
-    p = len(bounds) - 1
-    waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
-    limits = [limit] * p
-    best = None
-    for _ in range(2):
-        built = plan_for_bounds(profile, limits, bounds, waits, caches, exact)
-        if built is None:
-            break
-        models, chosen = built
-        pols, result = repair(profile, limit, bounds, models, chosen, caches)
-        if best is not None and not result.better_than(best[2], limit):
-            break
-        best = (bounds, pols, result)
-        waits = measured_grad_waits(profile, result.sim)
-        limits = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
-    return best
+def _round(profile: Profile, limit: int, bounds: list[int], caches: list[HullCache], exact: bool,
+           waits: list[float], limits: list[int]):
+    """Plan a split with these windows and per-stage model budgets, repair it: (bounds, policies, evaluation,
+    limits), or None if a stage has no option that fits."""
+    built = plan_for_bounds(profile, limits, bounds, waits, caches, exact)
+    if built is None:
+        return None
+    models, chosen = built
+    pols, result = repair(profile, limit, bounds, models, chosen, caches)
+    return bounds, pols, result, limits
 
 
 def search(problem: Problem, algo: str = "heu") -> Strategy:
-    bounds, pols, _ = heu_strategy(problem.profile, problem.memory_limit, problem.partition)
+    bounds, pols = heu_plan(problem.profile, problem.memory_limit, problem.partition)
     return Strategy(bounds, pols, status="heuristic")

@@ -14,7 +14,7 @@ import time
 
 from ..schema import PLACEMENTS
 from . import Problem, Strategy
-from .heu import heu_strategy
+from .heu import HullCache, auto_bounds, heu_strategy
 from .milp_search import refine
 from .partition import even_bounds
 from .stage_model import measured_grad_waits
@@ -29,17 +29,20 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
     bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition)
     best = (bounds, pols, evaluation)
     splits = [bounds]
-    even = even_bounds(profile, profile.parallel.pp)
-    if problem.partition == "auto" and even != bounds:
-        splits.append(even)
+    if problem.partition == "auto":  # also the splits priced on demand (AdaPipe's) and Megatron's even one
+        on_demand = auto_bounds(profile, limit, HullCache(("on_demand",)))
+        for other in (on_demand, even_bounds(profile, profile.parallel.pp)):
+            if other and other not in splits:
+                splits.append(other)
     statuses, gaps, lower = [], [], []
-    for split in splits:
+    for i, split in enumerate(splits):
         waits = measured_grad_waits(profile, evaluation.sim) if split == bounds else [0.0] * profile.parallel.pp
         left = deadline - time.perf_counter()
         if left <= 0:
             statuses.append("time_limit")
             break
-        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", left)
+        share = left / (len(splits) - i)  # the remaining time, shared by the remaining splits
+        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", share)
         if result is not None and result.status != "infeasible":
             statuses.append(result.status)
             gaps.append(result.gap)

@@ -30,11 +30,14 @@ def even_bounds(profile: Profile, p: int) -> list[int]:
     return bounds + [len(profile.layers)]
 
 
-def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], float]) -> tuple[list[int], float]:
-    """Contiguous split of n layers into p non-empty stages minimising max_s stage_time(s, first, end).
+def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], float],
+                longest: int | None = None) -> tuple[list[int], float]:
+    """Contiguous split of n layers into p non-empty stages of at most `longest` layers minimising
+    max_s stage_time(s, first, end).
 
     Dynamic programme over (stage, first layer); stage_time returns inf when a stage cannot fit its memory.
     """
+    longest = longest or n_layers
     inf = float("inf")
     # best[s][i]: least bottleneck of stages s..p-1 covering layers i..n-1; nxt: where stage s ends.
     best = [[inf] * (n_layers + 1) for _ in range(p + 1)]
@@ -42,7 +45,7 @@ def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], flo
     best[p][n_layers] = 0.0
     for s in range(p - 1, -1, -1):
         for i in range(s, n_layers - (p - 1 - s)):
-            for j in range(i + 1, n_layers - (p - 1 - s) + 1):
+            for j in range(i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
                 t = stage_time(s, i, j)
                 if t >= best[s][i]:
                     break  # a stage only gets slower as it takes more layers

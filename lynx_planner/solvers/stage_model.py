@@ -49,7 +49,8 @@ def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
     return pareto(profile.blocks[block])
 
 
-def _idle(segs: tuple[float, ...]) -> float:
+def idle_s(segs: tuple[float, ...]) -> float:
+    """Idle (collective-wait) seconds of alternating busy, idle, ... segments."""
     return sum(segs[1::2])
 
 
@@ -60,7 +61,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
     slots = []
     for j, i in enumerate(range(first, end)):
         top = i == end - 1
-        above = grad_wait_s if top else _idle(segs[j + 1][1]) / gamma
+        above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top))
     return StageModel(
         stage=s, first=first, end=end,
@@ -68,7 +69,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         budget=memory_limit - static_bytes(profile, first, end),
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
         grad_wait_s=grad_wait_s,
-        fwd_idle_s=sum(_idle(f) for f, _ in segs) / gamma,
+        fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
     )
 
