@@ -140,7 +140,8 @@ class _Stage:
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
         n = len(runs)
-        self.by_at = {at: [l for l in range(n) if runs[l].at == at and runs[l].rec_s > 0 and runs[l].trigger is None]
+        self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
+        self.by_at = {at: [l for l in range(n) if runs[l].at == at and self.recomputes[l]]
                       for at in ("grad_wait", "prev_forward", "layer_above")}
         self.chunk = {m: [l for l in range(n) if runs[l].trigger == m] for m in range(n)}
 
@@ -239,7 +240,7 @@ class _Stage:
                 if task in self.queue:
                     self.queue.remove(task)
                 self._expose(k, l, task.rem, task.nbytes, task.started)
-            elif r.rec_s > 0 and r.trigger is None:  # on demand
+            elif self.recomputes[l]:  # on demand (or a placement never triggered)
                 self._expose(k, l, r.rec_s, r.rec_bytes, False)
             self._segments(r.bwd, f"B mb{k} L{r.index}")
             self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
