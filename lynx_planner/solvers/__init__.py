@@ -1,7 +1,7 @@
 """Strategy search: one module per algorithm, one entry point (`solve`) that times the search and judges the result
 with the simulator.
 
-Each algorithm module exposes `search(problem) -> Strategy`.
+Each algorithm module exposes `search(problem, algo) -> Strategy`.
 """
 
 from __future__ import annotations
@@ -56,10 +56,6 @@ def _module(algo: str):
     if algo not in ALGOS:
         raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(ALGOS)})")
     return importlib.import_module(f".{_MODULES[algo]}", __name__)
-
-
-def search(problem: Problem, algo: str) -> Strategy:
-    return _module(algo).search(problem, algo)
 
 
 def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | None = None,
