@@ -17,13 +17,8 @@ def static_bytes(profile: Profile, first: int, end: int) -> int:
 
 
 def none_policy(profile: Profile, i: int) -> LayerPolicy:
-    block = profile.layers[i].block
-    keep = policy.none_keep(policy.analyse(profile.blocks[block]))
-    return LayerPolicy(layers=(i, i + 1), block=block, mode="none", keep=sorted(keep, key=_order(profile, i)))
-
-
-def _order(profile: Profile, i: int):
-    return policy.analyse(profile.blocks[profile.layers[i].block]).order.__getitem__
+    """Layer i keeps everything its backward needs."""
+    return layer_policy(profile, i, policy.none_keep(policy.analyse(profile.blocks[profile.layers[i].block])), ())
 
 
 def layer_policy(profile: Profile, i: int, keep: frozenset[str], recompute: tuple[str, ...] | None = None,
