@@ -95,7 +95,8 @@ class OpRecord:
 
 
 class OpRecorder(TorchDispatchMode):
-    """Use as: `with rec: out = block(*args)`, then `rec.finish_forward()`, then `with rec: backward`."""
+    """Use as: `with rec: out = block(*args)`, then `rec.finish_forward()`, then `with rec: backward`, then
+    `rec.finish_backward()`."""
 
     def __init__(self, block: torch.nn.Module, block_input: torch.Tensor | None, external: list[torch.Tensor],
                  flop_counter: FlopCounterMode | None = None, timed: bool = False):
@@ -109,6 +110,7 @@ class OpRecorder(TorchDispatchMode):
         if block_input is not None:
             self.owner[storage_key(block_input)] = (BLOCK_INPUT, 0)
         self.node_op: dict[torch.autograd.graph.Node, str] = {}
+        self._node_hooks: list = []  # node pre-hook handles, removed by finish_backward
         self._keep: list[torch.Tensor] = []  # strong refs: storages must not be freed and reused mid-trace
         self._counts: Counter[tuple[str, str]] = Counter()
         self._stack: list[str] = []
@@ -229,9 +231,20 @@ class OpRecorder(TorchDispatchMode):
         self.by_id = {r.id: r for r in self.records}
         real = [r.id for r in self.records if not r.view]
         self._current = real[-1] if real else None
-        for node, op_id in self.node_op.items():
-            node.register_prehook(lambda grads, op_id=op_id: self._enter(op_id))
+        self._node_hooks = [node.register_prehook(lambda grads, op_id=op_id: self._enter(op_id))
+                            for node, op_id in self.node_op.items()]
         self._backward = True
 
     def _enter(self, op_id: str) -> None:
         self._current = op_id
+
+    def finish_backward(self) -> None:
+        """Call after the backward: removes the node pre-hooks and drops the nodes.
+
+        The hooks (which hold the recorder) and `node_op` (which holds the nodes) form a reference cycle; left to the
+        garbage collector it keeps each run's autograd graph, and what it references, alive into later runs, so
+        back-to-back timed runs get slower (fresh memory, GC pauses): +20% on an HF GPT-2 block on CPU."""
+        for h in self._node_hooks:
+            h.remove()
+        self._node_hooks = []
+        self.node_op.clear()

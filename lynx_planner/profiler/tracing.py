@@ -108,6 +108,7 @@ def run_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, timed: bool
         if backward and grads_of:
             with rec:
                 torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
+        rec.finish_backward()  # breaks the recorder <-> autograd graph cycle (see OpRecorder.finish_backward)
     return rec, out, saved
 
 
