@@ -21,7 +21,17 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from .io import InputError, describe_validation, dumps, file_sha256, format_bytes, load_model, parse_size, write_atomic
+from .io import (
+    InputError,
+    describe_validation,
+    dumps,
+    file_sha256,
+    find_beside,
+    format_bytes,
+    load_model,
+    parse_size,
+    write_atomic,
+)
 from .schema import Hardware, ParallelConfig, Plan, Profile
 
 app = typer.Typer(
@@ -121,15 +131,10 @@ def _load_plan(path: Path | str) -> Plan:
 
 def _plan_profile_path(plan: Plan, plan_path: Path, given: Path | None) -> Path:
     """--profile, else the path recorded in the plan (relative to the working directory, else to the plan file)."""
-    if given is not None:
-        return given
-    recorded = Path(plan.profile_path)
-    if recorded.exists():
-        return recorded
-    beside = plan_path.parent / recorded
-    if not recorded.is_absolute() and beside.exists():
-        return beside
-    raise InputError(f"{plan_path}: field profile_path: {plan.profile_path!r} does not exist (pass --profile)")
+    found = given or find_beside(plan.profile_path, plan_path)
+    if found is None:
+        raise InputError(f"{plan_path}: field profile_path: {plan.profile_path!r} does not exist (pass --profile)")
+    return found
 
 
 def _algos(text: str | None) -> list[str]:

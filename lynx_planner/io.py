@@ -70,6 +70,14 @@ def load_model(path: str | Path, cls: type[M]) -> M:
         raise InputError(describe_validation(path, e)) from None
 
 
+def find_beside(recorded: str, anchor: str | Path) -> Path | None:
+    """A path recorded in a file (a plan's profile_path): as given, else relative to that file's directory."""
+    for candidate in (Path(recorded), Path(anchor).parent / recorded):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

@@ -20,6 +20,19 @@ def small_profile(tp: int = 2, pp: int = 2, mb: int = 1, m: int = 4, hardware: s
     return gpt_profile(cfg, par, HARDWARE[hardware], attention=attention, dropout=dropout)
 
 
+def peak(profile: Profile, algo: str) -> int:
+    """The peak memory of an algorithm's plan with no memory limit."""
+    from lynx_planner import solvers
+
+    return solvers.solve(profile, algo, 1 << 50).evaluation.peak_bytes
+
+
+def between(profile: Profile, frac: float) -> int:
+    """A limit `frac` of the way from full recomputation's peak to no recomputation's."""
+    lo, hi = peak(profile, "full"), peak(profile, "none")
+    return int(lo + frac * (hi - lo))
+
+
 @pytest.fixture
 def profile() -> Profile:
     return small_profile()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import small_profile
+from conftest import between, peak, small_profile
 
 from lynx_planner import solvers
 from lynx_planner.evaluate import check, make_plan
@@ -11,16 +11,6 @@ from lynx_planner.solvers import ALGOS, Infeasible
 
 BASELINES = ("full", "selective", "uniform", "block", "checkmate", "adapipe")
 TOL = 1e-9
-
-
-def peak(profile, algo: str) -> int:
-    return solvers.solve(profile, algo, 1 << 50).evaluation.peak_bytes
-
-
-def between(profile, frac: float) -> int:
-    """A limit `frac` of the way from full recomputation's peak to no recomputation's."""
-    lo, hi = peak(profile, "full"), peak(profile, "none")
-    return int(lo + frac * (hi - lo))
 
 
 def solve_all(profile, limit):

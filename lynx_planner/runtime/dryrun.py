@@ -6,18 +6,10 @@ from pathlib import Path
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..io import file_sha256, load_model
+from ..io import file_sha256, find_beside, load_model
 from ..schema import Plan, Profile
 from .errors import PlanMismatchError
 from .stages import layer_policies, resolve_layers
-
-
-def _profile_file(plan: Plan, plan_path: Path) -> Path | None:
-    """plan.profile_path, relative to the current directory, else to the plan's directory; None if absent."""
-    for candidate in (Path(plan.profile_path), plan_path.parent / plan.profile_path):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _check_profile(plan: Plan, path: Path) -> Profile:
@@ -63,7 +55,7 @@ def dry_run(plan_path: str, model_path: str) -> list[dict]:
     )
 
     plan = load_model(plan_path, Plan)
-    profile_path = _profile_file(plan, Path(plan_path))
+    profile_path = find_beside(plan.profile_path, plan_path)
     profile = _check_profile(plan, profile_path) if profile_path is not None else None
     _check_stages(plan, len(profile.layers) if profile is not None else None)
     model, _ = load_model_file(model_path, fake_mode=FakeTensorMode())
