@@ -357,21 +357,27 @@ def heu_plan(profile: Profile, limit: int, partition: str, placements: tuple[str
     # Every split is planned with the greedy and the knapsack per-stage solutions (the even split, the fallback,
     # with the knapsack alone) and simulated: the per-stage model cannot tell which the timeline favours. The two
     # best are then re-planned once with the gradient waits and the free memory their simulation measured.
+    # Splits other than the layer_above-priced one also get an all-on-demand knapsack plan: which regime a stage
+    # estimates faster is not always what the timeline favours.
+    variants = []
+    for i, bounds in enumerate(splits):
+        variants += [(bounds, caches, exact) for exact in ((True,) if bounds is splits[-1] else (False, True))]
+        if len(caches) > 1 and (i > 0 or len(splits) == 1):
+            variants.append((bounds, caches[-1:], True))
     screened = []
-    for bounds in splits:
+    for bounds, regimes, exact in variants:
         waits = [p2p_wait_s(profile, bounds[s], bounds[s + 1]) for s in range(p)]
-        for exact in ((True,) if bounds is splits[-1] else (False, True)):
-            got = _round(profile, limit, bounds, caches, exact, waits, [limit] * p)
-            if got is not None:
-                screened.append((*got, exact))
+        got = _round(profile, limit, bounds, regimes, exact, waits, [limit] * p)
+        if got is not None:
+            screened.append((*got, regimes, exact))
     screened.sort(key=functools.cmp_to_key(lambda a, b: -1 if a[2].better_than(b[2], limit) else
                                            (1 if b[2].better_than(a[2], limit) else 0)))
     best = screened[0] if screened else None
-    for bounds, _, result, limits, exact in screened[:2]:
+    for bounds, _, result, limits, regimes, exact in screened[:2]:
         slack = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(limits, result.predicted.stages)]
-        again = _round(profile, limit, bounds, caches, exact, measured_grad_waits(profile, result.sim), slack)
+        again = _round(profile, limit, bounds, regimes, exact, measured_grad_waits(profile, result.sim), slack)
         if again is not None and again[2].better_than(best[2], limit):
-            best = (*again, exact)
+            best = (*again, regimes, exact)
     if best is None:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, 0.0) for s in range(p)]
