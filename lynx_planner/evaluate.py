@@ -80,10 +80,11 @@ class Evaluation:
         return self.predicted.iteration_time_s < other.predicted.iteration_time_s - 1e-12
 
 
-def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False) -> Evaluation:
+def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ideal: bool = True) -> Evaluation:
+    """Simulate the plan. `ideal=False` (the searches' own comparisons) skips simulating the ideal and reports NaN."""
     sim = simulator.simulate(profile, runs_of(profile, stages), trace=trace)
     bounds = [st.layers[0] for st in stages] + [stages[-1].layers[1]]
-    ideal = ideal_time(profile, bounds)
+    ideal_s = ideal_time(profile, bounds) if ideal else float("nan")
     preds = []
     for st, r in zip(stages, sim.stages):
         static = static_bytes(profile, *st.layers)
@@ -91,7 +92,8 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False) -> 
                                      static_bytes=static, activation_bytes=r.activation_peak_bytes,
                                      busy_time_s=r.busy_s, exposed_recompute_s=r.exposed_s,
                                      hidden_recompute_s=r.hidden_s))
-    return Evaluation(Predicted(iteration_time_s=sim.iteration_time_s, ideal_iteration_time_s=ideal, stages=preds), sim)
+    predicted = Predicted(iteration_time_s=sim.iteration_time_s, ideal_iteration_time_s=ideal_s, stages=preds)
+    return Evaluation(predicted, sim)
 
 
 @per_object

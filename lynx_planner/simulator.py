@@ -119,6 +119,7 @@ class StageResult:
     hidden_s: float
     end_s: float
     grad_waits_s: list[float] = field(default_factory=list)  # idle time before each backward, in order
+    backward_ends_s: list[float] = field(default_factory=list)  # when each backward finished, in order
 
 
 @dataclass
@@ -139,11 +140,15 @@ class _Stage:
         self.mem: list[tuple[float, int]] = []
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
+        self.backward_ends: list[float] = []
         n = len(runs)
         self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
         self.by_at = {at: [l for l in range(n) if runs[l].at == at and self.recomputes[l]]
                       for at in ("grad_wait", "prev_forward", "layer_above")}
         self.chunk = {m: [l for l in range(n) if runs[l].trigger == m] for m in range(n)}
+        # (busy, idle) seconds of each layer's forward and backward: the fast path when nothing is queued
+        self.fwd_sums = [(sum(r.fwd[0::2]), sum(r.fwd[1::2])) for r in runs]
+        self.bwd_sums = [(sum(r.bwd[0::2]), sum(r.bwd[1::2])) for r in runs]
 
     def _event(self, stream: str, name: str, start: float, dur: float) -> None:
         if self.trace is not None and dur > 0:
@@ -180,13 +185,13 @@ class _Stage:
                 self.queue.pop(0)
         self.t = max(self.t, until)
 
-    def _segments(self, segs: tuple[float, ...], name: str) -> None:
+    def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int) -> None:
         if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
-            busy = sum(segs[0::2])
-            self.busy += busy
-            self.t += busy + sum(segs[1::2])
+            self.busy += sums[0]
+            self.t += sums[0] + sums[1]
             return
         tracing = self.trace is not None
+        name = f"{action} mb{k} L{index}" if tracing else ""
         for i, dt in enumerate(segs):
             if i % 2 == 0:
                 if tracing:
@@ -202,7 +207,8 @@ class _Stage:
         if not started:
             self.mem.append((self.t, nbytes))
         if work > 0:
-            self._event("compute", f"R mb{k} L{self.runs[l].index} (exposed)", self.t, work)
+            if self.trace is not None:
+                self._event("compute", f"R mb{k} L{self.runs[l].index} (exposed)", self.t, work)
             self.t += work
             self.busy += work
             self.exposed += work
@@ -213,7 +219,7 @@ class _Stage:
             for l in self.by_at["prev_forward"]:
                 self.release(release_after, l)
         for l, r in enumerate(self.runs):
-            self._segments(r.fwd, f"F mb{k} L{r.index}")
+            self._segments(r.fwd, self.fwd_sums[l], "F", k, r.index)
             self.mem.append((self.t, r.kept_bytes))
             if release_after == k and l in self.by_at["prev_forward"]:
                 self.release(k, l)
@@ -242,7 +248,7 @@ class _Stage:
                 self._expose(k, l, task.rem, task.nbytes, task.started)
             elif self.recomputes[l]:  # on demand (or a placement never triggered)
                 self._expose(k, l, r.rec_s, r.rec_bytes, False)
-            self._segments(r.bwd, f"B mb{k} L{r.index}")
+            self._segments(r.bwd, self.bwd_sums[l], "B", k, r.index)
             self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
 
     def activation_peak(self) -> int:
@@ -291,11 +297,12 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                 else:
                     st.backward(k, ready, before_backward)
                     bwd_end[s][k] = st.t
+                    st.backward_ends.append(st.t)
                 ptr[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")
-    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits)
+    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, st.backward_ends)
                for st in stages]
     return SimResult(max(st.t for st in stages), results, events or [])

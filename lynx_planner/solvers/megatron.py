@@ -57,7 +57,8 @@ def _smallest_fitting(problem: Problem, bounds: list[int], make, algo: str) -> l
     first = 0 if algo == "block" else 1
     for n in range(first, most + 1):
         pols = make(problem.profile, bounds, n)
-        if evaluate(problem.profile, stage_plans(problem.profile, bounds, pols)).fits(problem.memory_limit):
+        stages = stage_plans(problem.profile, bounds, pols)
+        if evaluate(problem.profile, stages, ideal=False).fits(problem.memory_limit):
             return pols
     return pols  # the most memory-frugal choice; solve() reports what it needs
 

@@ -34,7 +34,7 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
         if result.status == "infeasible":
             break
         pols = policies(profile, models, result.choices)
-        evaluation = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols))
+        evaluation = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
         over = {st.stage: st.peak_memory_bytes - limit for st in evaluation.predicted.stages
                 if st.peak_memory_bytes > limit}
         if not over:
