@@ -358,6 +358,8 @@ def shortened(profile: Profile) -> Profile:
     """The same pipeline with at most 2p + 1 micro-batches, for the search's own simulations: stage s still holds
     min(M, p - s) in flight, so peaks are the same, and the steady state repeats, so plans rank the same."""
     par = profile.parallel
+    if par.schedule == "gpipe":
+        return profile  # GPipe holds every micro-batch at its peak: a shorter pipeline would peak lower
     m = min(par.num_microbatches, 2 * par.pp + 1)
     return profile if m == par.num_microbatches else profile.model_copy(
         update={"parallel": par.model_copy(update={"num_microbatches": m})})
