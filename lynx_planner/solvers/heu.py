@@ -3,14 +3,15 @@ the simulator.
 
 Per stage, layers of the same block type with the same window above them form a class and share one option frontier:
 each Pareto candidate of the block (solvers/candidates.py) at its best placement, as (memory, exposed time per
-micro-batch) under the stage model (solvers/stage_model.py). Two placement regimes are tried per stage: layer_above
-(recomputation hidden in the idle backward time of the layer above, but one more layer's tensors alive at the peak)
-and on demand. The budget is spent either greedily up the frontier's convex hull (so a class ends with at most two
-neighbouring policies, Megatron's `block` idea at op granularity) or by a knapsack DP over discretised memory; both
-plans are simulated and the simulator picks. With `--partition auto` a dynamic programme over contiguous splits,
-priced by the greedy, picks the stage boundaries (Megatron's even split is tried too). A stage the simulation finds
-over its limit steps layers down their frontier; a second round re-plans with the gradient waits and the free memory
-the simulation measured.
+micro-batch) under the stage model (solvers/stage_model.py). Placement regimes per stage: layer_above (recomputation
+hidden in the idle backward time of the layer above, but one more layer's tensors alive at the peak), on demand, and
+the pooled placements (the gradient wait and the forward's TP collectives) at a price per second of pooled work. The
+budget is spent either greedily up the frontier's convex hull (so a class ends with at most two neighbouring
+policies, Megatron's `block` idea at op granularity) or by a knapsack DP over discretised memory; the plans are
+simulated and the simulator picks. With `--partition auto` a dynamic programme over contiguous splits, priced by the
+greedy, proposes stage boundaries (Megatron's even split is tried too). A stage the simulation finds over its limit
+steps layers down their frontier; the best plans are re-planned with the gradient waits and the free memory their
+simulation measured, and the final choice is simulated on the full pipeline.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _reserve(options: list[Option], tops: list[bool]) -> int:
 def solve_stage(profile: Profile, model: StageModel, caches: list[HullCache], exact: bool = False
                 ) -> tuple[list[Option], float] | None:
     """One option per slot and the stage's estimated time per micro-batch, under whichever placement regime
-    (e.g. with or without layer_above) estimates faster; None if nothing fits. `exact`: a knapsack DP over
+    (with or without layer_above, pooled at a price) estimates faster; None if nothing fits. `exact`: a knapsack DP over
     discretised memory instead of the greedy hull walk (used for the plan; the greedy prices partitions)."""
     best, overflowed = None, True
     for cache in caches:
@@ -179,13 +180,13 @@ def stage_estimate(model: StageModel, opts: list[Option]) -> float:
     return model.compute_s + sum(o.exposed_s for o in opts if o.at != "pool") + pool_placements(model, opts)[1]
 
 
-MEMORY_UNITS = 2048  # discretisation of a stage's budget in the knapsack
+MEMORY_UNITS = 2048  # discretisation of the memory a stage can spend beyond its most frugal options
 
 
 def _knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
-    """Exact over the option frontiers up to memory rounding (each option's memory rounded up to 1/2048 of the
-    budget): a DP over the slots below the top, then the best top option for what is left. Memoised per model:
-    the searches meet the same stage in several splits."""
+    """Exact over the option frontiers up to memory rounding (each option's memory above its slot's most frugal one,
+    rounded up to 1/MEMORY_UNITS of what the budget leaves beyond those): a DP over the slots below the top, then the
+    best top option for what is left. Memoised per model: the searches meet the same stage in several splits."""
     if model not in cache.solved:
         cache.solved[model] = _solve_knapsack(profile, model, cache)
     return cache.solved[model]
@@ -216,7 +217,8 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         return None
     unit = max(1, spare) / MEMORY_UNITS
     r = MEMORY_UNITS + 1
-    # dp[r + b]: least exposure of the slots so far within b units of memory; dp[:r] is -1 units (infeasible)
+    # dp[r + b]: least exposure of the slots so far within b units of memory; dp[:r] is -1 units (infeasible).
+    # float32: it only ranks choices (the estimate is recomputed exactly) and halves the DP's memory traffic.
     dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
     tables = []  # per slot below the top: each option's exposure per budget, to trace the choice back
     transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
@@ -345,8 +347,9 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> e
 
 
 def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
-    """A shortened pipeline's iteration time extended to `num_microbatches` by its steady-state period (the median
-    step between the first stage's backward ends): the raw time over-weights the warm-up and cool-down."""
+    """A shortened pipeline's iteration time extended to `num_microbatches` by its steady-state period (the mean step
+    between the first stage's backward ends, the last one excluded): the raw time over-weights the warm-up and
+    cool-down."""
     ends = evaluation.sim.stages[0].backward_ends_s
     extra = num_microbatches - len(ends)
     if extra <= 0 or len(ends) < 3:
@@ -355,8 +358,9 @@ def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
 
 
 def shortened(profile: Profile) -> Profile:
-    """The same pipeline with at most 2p + 1 micro-batches, for the search's own simulations: stage s still holds
-    min(M, p - s) in flight, so peaks are the same, and the steady state repeats, so plans rank the same."""
+    """The same pipeline with at most 2p + 1 micro-batches, for the search's screening simulations: stage s still
+    holds min(M, p - s) in flight, so peaks are the same (1F1B), and the steady state repeats, so its period projects
+    the full time (projected_s)."""
     par = profile.parallel
     if par.schedule == "gpipe":
         return profile  # GPipe holds every micro-batch at its peak: a shorter pipeline would peak lower
