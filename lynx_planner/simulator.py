@@ -119,7 +119,7 @@ class StageResult:
     hidden_s: float
     end_s: float
     grad_waits_s: list[float] = field(default_factory=list)  # idle time before each backward, in order
-    backward_ends_s: list[float] = field(default_factory=list)  # when each backward finished, in order
+    backward_ends_s: list[float] = field(default_factory=list)  # when each micro-batch's backward finished
 
 
 @dataclass
@@ -140,7 +140,6 @@ class _Stage:
         self.mem: list[tuple[float, int]] = []
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
-        self.backward_ends: list[float] = []
         n = len(runs)
         self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
         self.by_at = {at: [l for l in range(n) if runs[l].at == at and self.recomputes[l]]
@@ -297,12 +296,11 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                 else:
                     st.backward(k, ready, before_backward)
                     bwd_end[s][k] = st.t
-                    st.backward_ends.append(st.t)
                 ptr[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")
-    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, st.backward_ends)
-               for st in stages]
+    results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
+               for s, st in enumerate(stages)]
     return SimResult(max(st.t for st in stages), results, events or [])

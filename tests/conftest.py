@@ -33,6 +33,23 @@ def between(profile: Profile, frac: float) -> int:
     return int(lo + frac * (hi - lo))
 
 
+def solve_all(profile: Profile, limit: int, algos=None, time_limit: float = 30) -> dict[str, float]:
+    """Iteration time of every algorithm that fits (all of them by default); each plan must pass `lynx check`."""
+    from lynx_planner import solvers
+    from lynx_planner.evaluate import check, make_plan
+
+    out = {}
+    for algo in algos or solvers.ALGOS:
+        try:
+            s = solvers.solve(profile, algo, limit, time_limit=time_limit)
+        except solvers.Infeasible:
+            continue
+        plan = make_plan(profile, "p.json", "0" * 64, algo, limit, s.stages, s.solver, s.evaluation)
+        assert check(plan, profile) == [], algo
+        out[algo] = s.evaluation.predicted.iteration_time_s
+    return out
+
+
 @pytest.fixture
 def profile() -> Profile:
     return small_profile()

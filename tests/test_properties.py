@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from conftest import between, small_profile
+from conftest import between, small_profile, solve_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lynx_planner import policy, solvers
-from lynx_planner.evaluate import check, make_plan
 from lynx_planner.schema import Block, Op
-from lynx_planner.solvers import Infeasible
 from lynx_planner.solvers.candidates import pareto
 
 
@@ -71,15 +69,7 @@ def test_random_pipelines(cfg):
     prof = small_profile(tp=cfg["tp"], pp=cfg["pp"], mb=cfg["mb"], m=cfg["pp"] * cfg["m_factor"],
                          hardware=cfg["hardware"], layers=6, seq=512, attention=cfg["attention"])
     limit = between(prof, cfg["frac"])
-    times = {}
-    for algo in ("full", "selective", "block", "checkmate", "adapipe", "heu", "opt"):
-        try:
-            got = solvers.solve(prof, algo, limit, time_limit=20)
-        except Infeasible:
-            continue
-        plan = make_plan(prof, "p.json", "0" * 64, algo, limit, got.stages, got.solver, got.evaluation)
-        assert check(plan, prof) == [], algo
-        times[algo] = got.evaluation.predicted.iteration_time_s
+    times = solve_all(prof, limit, ("full", "selective", "block", "checkmate", "adapipe", "heu", "opt"), time_limit=20)
     assert {"full", "heu", "opt"} <= set(times)
     best_baseline = min(t for a, t in times.items() if a not in ("heu", "opt"))
     assert times["opt"] <= times["heu"] * (1 + 1e-9)

@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from conftest import between, peak, small_profile
+from conftest import between, peak, small_profile, solve_all
 
 from lynx_planner import solvers
 from lynx_planner.evaluate import check, make_plan
-from lynx_planner.solvers import ALGOS, Infeasible
+from lynx_planner.solvers import Infeasible
 
 BASELINES = ("full", "selective", "uniform", "block", "checkmate", "adapipe")
 TOL = 1e-9
-
-
-def solve_all(profile, limit):
-    out = {}
-    for algo in ALGOS:
-        try:
-            s = solvers.solve(profile, algo, limit, time_limit=30)
-        except Infeasible:
-            continue
-        plan = make_plan(profile, "p.json", "0" * 64, algo, limit, s.stages, s.solver, s.evaluation)
-        assert check(plan, profile) == [], algo
-        out[algo] = s.evaluation.predicted.iteration_time_s
-    return out
 
 
 @pytest.mark.parametrize("frac", [0.15, 0.6])
