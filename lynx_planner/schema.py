@@ -20,8 +20,8 @@ BLOCK_INPUT = "input"
 #   layer_above  when backward enters the layer above (hidden in that layer's backward TP collectives); for the
 #                top layer of a stage this is the wait for the gradient from the next stage
 #   grad_wait    when the stage goes idle before this micro-batch's backward (PP receive wait, bubbles)
-#   prev_forward at the start of the action before this micro-batch's backward (in 1F1B steady state the
-#                forward of a later micro-batch, whose TP collectives hide it)
+#   prev_forward at the start of the forward of another micro-batch right before this micro-batch's backward (1F1B
+#                steady state; whose TP collectives hide it); on demand where there is none (placements.py)
 Placement = Literal["on_demand", "layer_above", "grad_wait", "prev_forward"]
 PLACEMENTS: tuple[str, ...] = ("on_demand", "layer_above", "grad_wait", "prev_forward")
 

@@ -5,9 +5,9 @@ runs the stage's layers, each as alternating busy and idle segments: idle while 
 collective (in backward, only the part of the collective not covered by the weight-gradient GEMM). Stages exchange
 activations and gradients by point-to-point transfers; a stage idles until its input arrives.
 
-Recomputation is one task per (micro-batch, layer). It is released at its placement's trigger and then runs on a
-low-priority side stream only while the compute stream is idle, at 1/interference speed because a collective or
-transfer runs beside it; earliest deadline first. Whatever is left when the layer's backward starts runs on the
+Recomputation is one task per (micro-batch, layer). It is released where placements.py says its placement fires (the
+table the runtime reads too) and then runs on a low-priority side stream only while the compute stream is idle, at
+1/interference speed because a collective or transfer runs beside it; earliest deadline first. Whatever is left when the layer's backward starts runs on the
 compute stream: that part is exposed. A memory timeline per stage counts the kept tensors of in-flight micro-batches
 and recomputed tensors from the moment their recomputation starts until the layer's backward ends.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from . import costs, policy
+from . import costs, placements, policy
 from .memo import per_object
 from .schema import Block, LayerPolicy, Profile
 
@@ -88,14 +88,8 @@ def stage_runs(profile: Profile, first: int, end: int, policies: list[LayerPolic
 
 
 def schedule(kind: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
-    """The order of actions on stage s: Megatron's 1F1B (p - s - 1 warm-up forwards) or GPipe."""
-    if kind == "gpipe":
-        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
-    warm = min(p - s - 1, m)
-    order = [("F", k) for k in range(warm)]
-    for i in range(m - warm):
-        order += [("F", warm + i), ("B", i)]
-    return order + [("B", k) for k in range(m - warm, m)]
+    """The order of actions on stage s (placements.schedule)."""
+    return list(placements.schedule(kind, p, s, m))
 
 
 def in_flight(kind: str, p: int, s: int, m: int) -> int:
@@ -127,6 +121,8 @@ class SimResult:
     iteration_time_s: float
     stages: list[StageResult]
     trace: list[dict] = field(default_factory=list)
+    # per stage, (micro-batch, global layer) -> (trigger, action) that released its recomputation (when tracing)
+    releases: list[dict[tuple[int, int], tuple[str, tuple[str, int]]]] = field(default_factory=list)
 
 
 class _Stage:
@@ -134,6 +130,8 @@ class _Stage:
 
     def __init__(self, s: int, runs: list[LayerRun], gamma: float, trace: list | None):
         self.s, self.runs, self.gamma, self.trace = s, runs, gamma, trace
+        # (micro-batch, global layer) -> (trigger, action) that released its recomputation; kept when tracing
+        self.released: dict[tuple[int, int], tuple[str, tuple[str, int]]] = {}
         self.t = 0.0
         self.queue: list[_Task] = []
         self.tasks: dict[tuple[int, int], _Task] = {}
@@ -154,7 +152,12 @@ class _Stage:
             self.trace.append({"name": name, "ph": "X", "pid": self.s, "tid": stream,
                                "ts": start * 1e6, "dur": dur * 1e6})
 
-    def release(self, k: int, l: int) -> None:
+    def _log(self, k: int, l: int, trigger: str, action: tuple[str, int]) -> None:
+        if self.trace is not None:
+            self.released[(k, self.runs[l].index)] = (trigger, action)
+
+    def release(self, k: int, l: int, trigger: str, action: tuple[str, int]) -> None:
+        self._log(k, l, trigger, action)
         r = self.runs[l]
         task = _Task(r.rec_s, (k, -l), r.rec_bytes)
         self.tasks[(k, l)] = task
@@ -212,40 +215,39 @@ class _Stage:
             self.busy += work
             self.exposed += work
 
-    def forward(self, k: int, ready: float, release_after: int | None) -> None:
+    def forward(self, k: int, ready: float, releases: int | None) -> None:
+        """F(k); at its start, after its input arrived, micro-batch `releases`'s prev_forward tasks are released."""
         self.idle(ready)
-        if release_after is not None and release_after != k:
+        if releases is not None:
             for l in self.by_at["prev_forward"]:
-                self.release(release_after, l)
+                self.release(releases, l, "prev_forward", ("F", k))
         for l, r in enumerate(self.runs):
             self._segments(r.fwd, self.fwd_sums[l], "F", k, r.index)
             self.mem.append((self.t, r.kept_bytes))
-            if release_after == k and l in self.by_at["prev_forward"]:
-                self.release(k, l)
 
-    def backward(self, k: int, ready: float, release_after: int | None) -> None:
+    def backward(self, k: int, ready: float) -> None:
         n = len(self.runs)
+        action = ("B", k)
         for l in self.by_at["grad_wait"]:
-            self.release(k, l)
-        if n - 1 in self.by_at["layer_above"]:
-            self.release(k, n - 1)
+            self.release(k, l, "grad_wait", action)
+        if n - 1 in self.by_at["layer_above"]:  # the top layer's layer above is the wait for the gradient
+            self.release(k, n - 1, "grad_wait", action)
         self.grad_waits.append(max(0.0, ready - self.t))
         self.idle(ready)
-        if release_after is not None:
-            for l in self.by_at["prev_forward"]:
-                self.release(release_after, l)
         for l in range(n - 1, -1, -1):
             r = self.runs[l]
             if l > 0 and l - 1 in self.by_at["layer_above"]:
-                self.release(k, l - 1)
+                self.release(k, l - 1, "layer_above", action)
             for c in self.chunk[l]:  # Megatron uniform: the chunk top recomputes the whole chunk
+                self._log(k, c, placements.ON_DEMAND, action)
                 self._expose(k, c, self.runs[c].rec_s, self.runs[c].rec_bytes, False)
             task = self.tasks.pop((k, l), None)
             if task is not None:
                 if task in self.queue:
                     self.queue.remove(task)
                 self._expose(k, l, task.rem, task.nbytes, task.started)
-            elif self.recomputes[l]:  # on demand (or a placement never triggered)
+            elif self.recomputes[l]:  # on demand (or a prev_forward with no forward before this backward)
+                self._log(k, l, placements.ON_DEMAND, action)
                 self._expose(k, l, r.rec_s, r.rec_bytes, False)
             self._segments(r.bwd, self.bwd_sums[l], "B", k, r.index)
             self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
@@ -270,7 +272,8 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     stages = [_Stage(s, runs, hw.interference, events) for s, runs in enumerate(stage_layers)]
     bus = costs.link(hw, par.tp * p)
     send = [costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for runs in stage_layers]
-    orders = [schedule(par.schedule, p, s, m) for s in range(p)]
+    orders = [placements.schedule(par.schedule, p, s, m) for s in range(p)]
+    fires = [placements.prev_forward_releases(par.schedule, p, s, m) for s in range(p)]
     fwd_end = [[-1.0] * m for _ in range(p)]
     bwd_end = [[-1.0] * m for _ in range(p)]
     ptr = [0] * p
@@ -288,13 +291,11 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                              else bwd_end[s + 1][k] + send[s] if bwd_end[s + 1][k] >= 0 else None)
                 if ready is None:
                     break
-                nxt = order[ptr[s] + 1] if ptr[s] + 1 < len(order) else None
-                before_backward = nxt[1] if nxt and nxt[0] == "B" else None  # prev_forward tasks start here
                 if kind == "F":
-                    st.forward(k, ready, before_backward)
+                    st.forward(k, ready, fires[s].get(k))
                     fwd_end[s][k] = st.t
                 else:
-                    st.backward(k, ready, before_backward)
+                    st.backward(k, ready)
                     bwd_end[s][k] = st.t
                 ptr[s] += 1
                 remaining -= 1
@@ -303,4 +304,4 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
             raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
-    return SimResult(max(st.t for st in stages), results, events or [])
+    return SimResult(max(st.t for st in stages), results, events or [], [st.released for st in stages])

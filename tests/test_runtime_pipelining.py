@@ -34,18 +34,35 @@ from lynx_planner.models.gpt_block import Dropout
 from lynx_planner.runtime import attach, pipelining
 from lynx_planner.schema import LayerPolicy, StagePlan
 
-N_MB, BATCH = 4, 4
+N_MB, BATCH, PER_STAGE = 4, 4, 4
+# Every placement on every stage where it can fire: prev_forward never fires on 1F1B's last stage (F(k) B(k)), and a
+# stage's top layer_above is its grad_wait.
 STAGES = [
-    [Spec("full", "layer_above"), Spec("selective", "prev_forward"), Spec("full", "grad_wait")],
-    [Spec("full", "layer_above"), Spec("selective", "on_demand"), Spec("full", "layer_above")],
+    [Spec("full", "layer_above"), Spec("selective", "prev_forward"), Spec("full", "grad_wait"),
+     Spec("selective", "on_demand")],
+    [Spec("full", "layer_above"), Spec("selective", "on_demand"), Spec("full", "grad_wait"),
+     Spec("full", "layer_above")],
 ]
-# Stage 0 (1F1B order F0 F1 B0 F2 B1 F3 B2 B3): prev_forward has no forward before B3; the top layer_above of
-# stage 1 is its grad_wait.
+# Stage 0 (1F1B order F0 F1 B0 F2 B1 F3 B2 B3): mb k's prev_forward fires in F(k + 1); B3 follows a backward, so mb 3
+# recomputes on demand. (micro-batch, global layer) -> (trigger, action)
 EXPECTED = {
-    0: {mb: {1: "layer_above", 2: "prev_forward" if mb < N_MB - 1 else "on_demand", 3: "grad_wait"}
-        for mb in range(N_MB)},
-    1: {mb: {4: "layer_above", 5: "on_demand", 6: "grad_wait"} for mb in range(N_MB)},
+    0: {(mb, layer): at for mb in range(N_MB) for layer, at in {
+        1: ("layer_above", ("B", mb)),
+        2: ("prev_forward", ("F", mb + 1)) if mb < N_MB - 1 else ("on_demand", ("B", mb)),
+        3: ("grad_wait", ("B", mb)), 4: ("on_demand", ("B", mb))}.items()},
+    1: {(mb, layer): at for mb in range(N_MB) for layer, at in {
+        5: ("layer_above", ("B", mb)), 6: ("on_demand", ("B", mb)), 7: ("grad_wait", ("B", mb)),
+        8: ("grad_wait", ("B", mb))}.items()},
 }
+
+
+def simulated_releases(plan) -> list[dict]:
+    """What the simulator says released each (micro-batch, layer) of the plan, per stage."""
+    from lynx_planner import evaluate, simulator
+
+    prof = tiny_profile(2 * PER_STAGE)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"pp": 2, "num_microbatches": N_MB})})
+    return simulator.simulate(prof, evaluate.runs_of(prof, plan.stages), trace=True).releases
 
 
 class StageModule(nn.Module):
@@ -69,7 +86,7 @@ def _set_dropout(model: nn.Module, p: float) -> None:
 
 
 def _pipeline_grads(model: Stage, rank: int, plan, x, y) -> tuple[list[torch.Tensor], dict]:
-    stage_module = StageModule(model, range(3 * rank, 3 * rank + 3))
+    stage_module = StageModule(model, range(PER_STAGE * rank, PER_STAGE * (rank + 1)))
     stage = PipelineStage(stage_module, rank, 2, torch.device("cpu"))
     runtime = None
     if plan is not None:
@@ -82,16 +99,17 @@ def _pipeline_grads(model: Stage, rank: int, plan, x, y) -> tuple[list[torch.Ten
     else:
         schedule.step(target=y, losses=[])
     triggers = {}
-    if runtime is not None:
-        triggers = {mb: {i: t[0] if len(t) == 1 else t for i, t in runtime.recomputations(mb).items()}
-                    for mb in range(N_MB)}
+    if runtime is not None:  # (micro-batch, layer) -> (trigger, action), each region recomputed once
+        log = [(mb, layer, at, action) for mb, layer, at, action in runtime.log if mb is not None]
+        triggers = {(mb, layer): (at, action) for mb, layer, at, action in log}
+        assert len(triggers) == len(log), log
     return [p.grad for p in stage_module.parameters()], triggers
 
 
 def _reference_grads(model: Stage, rank: int, x, y) -> list[torch.Tensor]:
     model = copy.deepcopy(model)
     nn.MSELoss()(model(x.transpose(0, 1)).transpose(0, 1), y).backward()
-    return [p.grad for i in range(3 * rank, 3 * rank + 3) for p in model.layers[i].parameters()]
+    return [p.grad for i in range(PER_STAGE * rank, PER_STAGE * (rank + 1)) for p in model.layers[i].parameters()]
 
 
 class _CountAllReduce(TorchDispatchMode):
@@ -134,14 +152,14 @@ def _worker(rank: int, port: int, results: dict) -> None:
     try:
         torch.set_num_threads(1)
         torch.manual_seed(0)
-        model = Stage(6, dtype=torch.float32)
+        model = Stage(2 * PER_STAGE, dtype=torch.float32)
         x, y = torch.randn(BATCH, SEQ, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)
-        plan = plan_from_policies(tiny_profile(6), STAGES, num_microbatches=N_MB)
+        plan = plan_from_policies(tiny_profile(2 * PER_STAGE), STAGES, num_microbatches=N_MB)
         plain, _ = _pipeline_grads(model, rank, None, x, y)
         planned, triggers = _pipeline_grads(model, rank, plan, x, y)
         no_dropout = copy.deepcopy(model)
         _set_dropout(no_dropout, 0.0)
-        plan_no_dropout = plan_from_policies(tiny_profile(6, dropout=0.0), STAGES, num_microbatches=N_MB)
+        plan_no_dropout = plan_from_policies(tiny_profile(2 * PER_STAGE, dropout=0.0), STAGES, num_microbatches=N_MB)
         planned_no_dropout, _ = _pipeline_grads(no_dropout, rank, plan_no_dropout, x, y)
         reference = _reference_grads(no_dropout, rank, x, y)
         tp_plan = plan.model_copy(update={"stages": [StagePlan(stage=0, layers=(0, 1), layer_names=["0"], policies=[
@@ -156,13 +174,16 @@ def _worker(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-def test_two_stage_1f1b_matches_reference_and_releases_as_planned():
+def test_two_stage_1f1b_matches_reference_and_releases_as_the_simulator_says():
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(free_port(), results), nprocs=2, join=True)
+    simulated = simulated_releases(plan_from_policies(tiny_profile(2 * PER_STAGE), STAGES, num_microbatches=N_MB))
     for rank in (0, 1):
         r = results[rank]
         assert r["exact"], f"rank {rank}: gradients with the plan differ from the run without it"
         assert r["max_err"] <= 1e-6, f"rank {rank}: max |grad - single-process reference| = {r['max_err']:.2e}"
+        assert r["triggers"] == simulated[rank], f"rank {rank}: the runtime released recomputations elsewhere than " \
+            "the simulator"
         assert r["triggers"] == EXPECTED[rank]
         assert r["tp"][1] == r["tp"][0] == (1, 1), "the recomputation repeated the TP all-reduce"
         assert r["tp_exact"]

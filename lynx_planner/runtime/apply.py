@@ -5,7 +5,8 @@ Placements map to triggers (see `Placement` in schema.py):
   layer_above   a gradient hook on the outputs of the next layer of the stage: backward entering it; for the
                 stage's top layer, the grad_wait trigger
   grad_wait     `trigger(mb, "grad_wait")`: before micro-batch mb's backward, while its gradient receive is in flight
-  prev_forward  `trigger(mb, "prev_forward")`: at the start of the forward that precedes mb's backward
+  prev_forward  `trigger(mb, "prev_forward")`: at the start of the forward of another micro-batch right before mb's
+                backward (lynx_planner/placements.py; on demand where there is none)
 The pipelining integration (`attach`) calls `trigger`; without it a training loop may call it itself, and a placement
 nobody triggers falls back to on_demand. Layers run in stage order within a micro-batch's forward.
 """
@@ -59,8 +60,10 @@ class LynxRuntime:
         # The micro-batch whose forward runs next (set by the training loop or the pipelining integration; None: a
         # forward outside the schedule, e.g. its shape inference, whose regions no trigger releases).
         self.micro_batch: int | None = 0
-        # (micro-batch, layer, trigger) of the latest recomputations
-        self.log: deque[tuple[int | None, int, str]] = deque(maxlen=_LOG_LENGTH)
+        # The schedule action running now, ("F" | "B", micro-batch), set by the pipelining integration (None: unknown)
+        self.action: tuple[str, int] | None = None
+        # (micro-batch, layer, trigger, action) of the latest recomputations
+        self.log: deque[tuple[int | None, int, str, tuple[str, int] | None]] = deque(maxlen=_LOG_LENGTH)
         self._regions: weakref.WeakValueDictionary[tuple[int | None, int], Region] = weakref.WeakValueDictionary()
         self._keys: weakref.WeakKeyDictionary[Region, tuple[int | None, int]] = weakref.WeakKeyDictionary()
         self._latest: dict[int, weakref.ref[Region]] = {}  # last region of each stage position
@@ -112,7 +115,7 @@ class LynxRuntime:
 
     def _recorded(self, region: Region, trigger: str) -> None:
         mb, index = self._keys[region]
-        self.log.append((mb, index, trigger))
+        self.log.append((mb, index, trigger, self.action))
 
     def _side_stream(self, device: torch.device) -> Any:
         """Early recomputations on CUDA run on one side stream per stage (untested without a GPU)."""
@@ -131,7 +134,7 @@ class LynxRuntime:
     def recomputations(self, micro_batch: int | None = None) -> dict[int, list[str]]:
         """Triggers of the latest recomputations, per global layer (of one micro-batch, or all)."""
         out: dict[int, list[str]] = {}
-        for mb, index, trigger in self.log:
+        for mb, index, trigger, _ in self.log:
             if micro_batch is None or mb == micro_batch:
                 out.setdefault(index, []).append(trigger)
         return out

@@ -2,8 +2,8 @@
 
 `attach(stage)` wraps three methods of the `PipelineStage` instance (public API):
   forward_one_chunk(mb)   sets the runtime's micro-batch (None outside it); at its start releases prev_forward for
-                          the micro-batch whose backward comes right after this forward (the stage then holds its
-                          full in-flight count: num_stages - stage_index for 1F1B, all micro-batches for GPipe)
+                          the micro-batch whose backward comes right after this forward, as lynx_planner/placements.py
+                          says (the table the simulator reads: the plan's schedule and micro-batch count)
   get_bwd_recv_ops(mb)    marks mb's grad_wait recomputation as pending
   backward_one_chunk(mb)  releases mb's grad_wait first if still pending (on CUDA the recomputation runs on the side
                           stream, overlapping the main stream's wait for the gradient), then runs the backward
@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.pipelining import schedules
 
+from .. import placements
 from .apply import LynxRuntime, runtime_of
 
 _pending: list[tuple[LynxRuntime, int]] = []  # grad_wait recomputations whose gradient receive is being posted
@@ -50,34 +51,33 @@ def _install_wait_hook() -> None:
 class _StageHooks:
     def __init__(self, runtime: LynxRuntime, stage: Any):
         self.runtime = runtime
-        self.outstanding: list[int] = []  # micro-batches forwarded, not yet backwarded, in order
-        schedule = runtime.parallel.schedule
-        self.in_flight = (stage.num_stages - stage.stage_index if schedule == "1f1b"
-                          else runtime.parallel.num_microbatches)
+        par = runtime.parallel
+        # {j: k}: the forward of micro-batch j releases k's prev_forward recomputations
+        self.fires = placements.prev_forward_releases(par.schedule, stage.num_stages, stage.stage_index,
+                                                      par.num_microbatches)
         self.forward, self.recv, self.backward = stage.forward_one_chunk, stage.get_bwd_recv_ops, \
             stage.backward_one_chunk
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        if self.outstanding and len(self.outstanding) + 1 == self.in_flight:
-            self.runtime.trigger(self.outstanding[0], "prev_forward")
+        self.runtime.action = ("F", fwd_chunk_id)
+        if fwd_chunk_id in self.fires:
+            self.runtime.trigger(self.fires[fwd_chunk_id], "prev_forward")
         self.runtime.micro_batch = fwd_chunk_id
         try:
-            out = self.forward(fwd_chunk_id, *args, **kwargs)
+            return self.forward(fwd_chunk_id, *args, **kwargs)
         finally:
             self.runtime.micro_batch = None
-        self.outstanding.append(fwd_chunk_id)
-        return out
 
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> Any:
+        self.runtime.action = ("B", bwd_chunk_id)
         _pending.append((self.runtime, bwd_chunk_id))
         return self.recv(bwd_chunk_id)
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        self.runtime.action = ("B", bwd_chunk_id)
         _pending[:] = [p for p in _pending if p != (self.runtime, bwd_chunk_id)]
         self.runtime.trigger(bwd_chunk_id, "grad_wait")
-        out = self.backward(bwd_chunk_id, *args, **kwargs)
-        self.outstanding.remove(bwd_chunk_id)
-        return out
+        return self.backward(bwd_chunk_id, *args, **kwargs)
 
 
 def attach(stage: Any, module: nn.Module | None = None) -> LynxRuntime:
