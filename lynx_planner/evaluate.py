@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import policy, simulator
+from . import placements, policy, simulator
 from .memo import per_object
 from .schema import LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
 
@@ -146,6 +146,7 @@ def check(plan: Plan, profile: Profile, tolerance: float = 1e-6) -> list[str]:
             problems += _check_policy(profile, st, p)
     if expected != len(profile.layers):
         problems.append(f"plan covers {expected} layers, the profile has {len(profile.layers)}")
+    problems += _check_placements(plan, profile)
     if problems:
         return problems
     ev = evaluate(profile, plan.stages)
@@ -178,4 +179,17 @@ def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
         out.append(f"{where}: {why}")
     elif rec and p.at != "on_demand" and policy.cost(info, frozenset(keep), tuple(rec)).replays_collective:
         out.append(f"{where}: recomputation repeats a TP collective, so it can only run on demand (at={p.at})")
+    return out
+
+
+def _check_placements(plan: Plan, profile: Profile) -> list[str]:
+    """Placements that never fire on their stage (placements.py): the simulator and the runtime run them on demand."""
+    par, out = profile.parallel, []
+    for st in plan.stages:
+        legal = placements.legal_placements(par.schedule, len(plan.stages), st.stage, par.num_microbatches)
+        for p in st.policies:
+            if p.recompute and p.at not in legal:
+                out.append(f"stage {st.stage} layers {list(p.layers)}: placement {p.at} never fires on this stage "
+                           f"({par.schedule}, {len(plan.stages)} stages, {par.num_microbatches} micro-batches: no "
+                           "forward of another micro-batch right before a backward); use on_demand")
     return out

@@ -166,7 +166,8 @@ def _greedy(profile: Profile, model: StageModel, cache: HullCache, fill: bool = 
 def pool_placements(model: StageModel, opts: list[Option]) -> tuple[list[str], float]:
     """Each slot's placement, pooled recomputations sent to the gradient wait or the forward's collectives (largest
     first, to the pool with more room left), and the work that overflows the pools (exposed)."""
-    room = {"grad_wait": model.grad_wait_s, "prev_forward": model.fwd_idle_s}
+    room = {at: w for at, w in (("grad_wait", model.grad_wait_s), ("prev_forward", model.fwd_idle_s))
+            if at in model.pools}  # prev_forward does not fire on every stage
     at = [o.at for o in opts]
     for j in sorted((j for j, o in enumerate(opts) if o.at == "pool"), key=lambda j: -opts[j].cand.rec_s):
         pool = max(room, key=room.__getitem__)

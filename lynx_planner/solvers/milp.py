@@ -39,13 +39,15 @@ class MilpResult:
     gap: float | None
 
 
-def _placements(slot, c: Candidate, allowed: tuple[str, ...]) -> list[str]:
+def _placements(model: StageModel, slot, c: Candidate, allowed: tuple[str, ...]) -> list[str]:
     if c.rec_s == 0:
         return ["on_demand"]
     out = []
     for at in allowed:
         if c.replays_collective and at != "on_demand":
             continue
+        if at in ("grad_wait", "prev_forward") and at not in model.pools:
+            continue  # never fires on this stage (placements.py)
         if slot.top and at == "layer_above":
             continue  # the top layer's layer_above is the gradient wait: modelled as grad_wait
         out.append(at)
@@ -66,7 +68,7 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     for ci, (s, key, js) in enumerate(classes):
         slot = models[s].slots[js[0]]
         for cj, c in enumerate(candidates_of(profile, key[0])):
-            for at in _placements(slot, c, allowed):
+            for at in _placements(models[s], slot, c, allowed):
                 index.append((ci, cj, at))
                 info[(ci, cj, at)] = (s, slot, c, len(js))
     m.n = pyo.Var(index, domain=pyo.NonNegativeIntegers, bounds=lambda _, ci, cj, at: (0, len(classes[ci][2])))

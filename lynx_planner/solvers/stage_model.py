@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from .. import costs, simulator
+from .. import costs, placements, simulator
 from ..evaluate import static_bytes
 from ..schema import Profile
 from .candidates import Candidate, pareto
@@ -41,6 +41,7 @@ class StageModel:
     grad_wait_s: float  # pool: hideable work in the wait for the gradient
     fwd_idle_s: float  # pool: hideable work in one forward's TP collectives
     slots: tuple[Slot, ...]
+    pools: tuple[str, ...] = ("grad_wait", "prev_forward")  # the pooled placements that fire on this stage
 
 
 def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
@@ -69,6 +70,8 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
+        pools=tuple(at for at in ("grad_wait", "prev_forward")
+                    if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches)),
     )
 
 
