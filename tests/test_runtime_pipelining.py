@@ -213,3 +213,34 @@ def test_private_wait_hook_is_where_pipelining_expects_it():
     pipelining._pending.append((Runtime(), 3))
     schedules._wait_batch_p2p([Work()])
     assert order == [("trigger", 3, "grad_wait"), "wait"]
+
+
+def test_hooks_release_prev_forward_where_the_table_says():
+    """The hooks fire prev_forward in the forward right before another micro-batch's backward, also where the stage
+    never holds its full 1F1B in-flight count (4 stages, 2 micro-batches: stage 0 runs F0 F1 B0 B1)."""
+    from types import SimpleNamespace
+
+    from lynx_planner import placements
+    from lynx_planner.schema import PlanParallel
+
+    def fired(kind: str, p: int, s: int, m: int) -> set:
+        out = set()
+        runtime = SimpleNamespace(parallel=PlanParallel(tp=1, pp=p, dp=1, num_microbatches=m, schedule=kind),
+                                  action=None, micro_batch=None,
+                                  trigger=lambda mb, at: out.add((mb, at, runtime.action)) if at != "grad_wait" else 0)
+        stage = SimpleNamespace(num_stages=p, stage_index=s, forward_one_chunk=lambda *a, **k: None,
+                                get_bwd_recv_ops=lambda *a: [], backward_one_chunk=lambda *a, **k: None)
+        hooks = pipelining._StageHooks(runtime, stage)
+        for action, mb in placements.schedule(kind, p, s, m):
+            if action == "F":
+                hooks.forward_one_chunk(mb)
+            else:
+                hooks.get_bwd_recv_ops(mb)
+                hooks.backward_one_chunk(mb)
+        return out
+
+    assert fired("1f1b", 4, 0, 2) == {(0, "prev_forward", ("F", 1))}
+    assert fired("1f1b", 4, 1, 6) == {(0, "prev_forward", ("F", 2)), (1, "prev_forward", ("F", 3)),
+                                      (2, "prev_forward", ("F", 4)), (3, "prev_forward", ("F", 5))}
+    assert fired("1f1b", 4, 3, 6) == set()
+    assert fired("gpipe", 2, 0, 3) == {(0, "prev_forward", ("F", 2))}

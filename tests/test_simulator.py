@@ -7,15 +7,19 @@ import pytest
 from lynx_planner import evaluate as ev
 from lynx_planner import simulator
 from lynx_planner.models.hardware import HARDWARE
-from lynx_planner.schema import Block, Layer, LayerPolicy, ModelInfo, Op, ParallelConfig, Profile
+from lynx_planner.schema import Block, Layer, LayerPolicy, ModelInfo, Op, ParallelConfig, Profile, SolverInfo
 
 
 def synthetic(pp: int, m: int, layers: int = 4, schedule: str = "1f1b", window: float = 0.0,
-              transfer_bytes: int = 0, interference: float = 1.0) -> Profile:
-    """Layers of one compute op (fwd 1, bwd 2) around an optional backward-only collective of `window` seconds."""
+              transfer_bytes: int = 0, interference: float = 1.0, fwd_window: float = 0.0) -> Profile:
+    """Layers of one compute op (fwd 1, bwd 2) around an optional backward-only collective of `window` seconds (and
+    a forward-only one of `fwd_window` seconds)."""
     ops = [Op(id="a:mm#0", fwd_s=1.0, bwd_s=2.0, out_bytes=1000, inputs=["input"], saves=["input"])]
     if window:
         ops.insert(0, Op(id="a:tp_grad_all_reduce#0", kind="collective", fwd_s=0.0, bwd_s=window, out_bytes=0,
+                         inputs=["input"]))
+    if fwd_window:
+        ops.insert(0, Op(id="a:tp_all_reduce#0", kind="collective", fwd_s=fwd_window, bwd_s=0.0, out_bytes=0,
                          inputs=["input"]))
     ops.append(Op(id="b:gelu#0", fwd_s=0.5, bwd_s=0.5, out_bytes=3000, inputs=["a:mm#0"], saves=["a:mm#0"]))
     hw = HARDWARE["a100-80g-nvlink"].model_copy(update={"inter_node_latency_s": 0.0, "intra_node_latency_s": 0.0,
@@ -112,3 +116,45 @@ def test_trace_has_a_track_per_stage_and_stream():
     ev_ = ev.evaluate(prof, ev.stage_plans(prof, even(prof), recompute_mm(prof, "layer_above")), trace=True)
     tracks = {(e["pid"], e["tid"]) for e in ev_.sim.trace}
     assert {(0, "compute"), (1, "compute"), (0, "recompute (side)"), (0, "tp collective")} <= tracks
+
+
+def test_prev_forward_fires_only_in_a_forward_of_another_micro_batch():
+    """1F1B, 2 stages, 4 micro-batches, every layer's recomputation (1 s) placed prev_forward, 2 s of forward
+    collectives per layer. Stage 0 (F0 F1 B0 F2 B1 F3 B2 B3): mb k < 3 is released at F(k + 1)'s start and hides in
+    its collectives; B3 follows a backward, so mb 3 runs on demand. Stage 1 (F0 B0 F1 B1 ...): never fires."""
+    prof = synthetic(2, 4, fwd_window=2.0)
+    stages = ev.stage_plans(prof, even(prof), recompute_mm(prof, "prev_forward"))
+    got = ev.evaluate(prof, stages, trace=True)
+    s0, s1 = got.predicted.stages
+    assert (s0.exposed_recompute_s, s0.hidden_recompute_s) == (4 * 1.0, 3 * 4 * 1.0)
+    assert (s1.exposed_recompute_s, s1.hidden_recompute_s) == (4 * 4 * 1.0, 0.0)
+    assert got.sim.releases[0][(0, 2)] == ("prev_forward", ("F", 1))
+    assert got.sim.releases[0][(3, 2)] == ("on_demand", ("B", 3))
+    assert set(got.sim.releases[1].values()) == {("on_demand", ("B", k)) for k in range(4)}
+    # `check` says the placement is illegal on the last stage, and only there
+    info = SolverInfo(name="test", status="heuristic", search_time_s=0)
+    problems = ev.check(ev.make_plan(prof, "p.json", "0" * 64, "test", 1 << 40, stages, info, got), prof)
+    assert problems and all("stage 1" in p and "prev_forward never fires" in p for p in problems), problems
+    legal = [p if i < 4 else ev.layer_policy(prof, i, frozenset(), ("a:mm#0",), "on_demand")
+             for i, p in enumerate(recompute_mm(prof, "prev_forward"))]
+    stages = ev.stage_plans(prof, even(prof), legal)
+    assert ev.check(ev.make_plan(prof, "p.json", "0" * 64, "test", 1 << 40, stages, info), prof) == []
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+def test_placement_table(kind):
+    from lynx_planner import placements
+
+    for p in range(1, 6):
+        for m in range(1, 9):
+            for s in range(p):
+                order = placements.schedule(kind, p, s, m)
+                fires = placements.prev_forward_releases(kind, p, s, m)
+                for j, k in fires.items():  # F(j) immediately precedes B(k), j != k
+                    assert j != k and order[order.index(("F", j)) + 1] == ("B", k)
+                assert len(fires) == sum(1 for a, b in zip(order, order[1:]) if a[0] == "F" and b[0] == "B"
+                                         and a[1] != b[1])
+                legal = "prev_forward" in placements.legal_placements(kind, p, s, m)
+                assert legal == (simulator.in_flight(kind, p, s, m) >= 2)
+    assert placements.prev_forward_releases("1f1b", 4, 0, 6) == {3: 0, 4: 1, 5: 2}
+    assert placements.prev_forward_releases("gpipe", 2, 1, 3) == {2: 0}
