@@ -197,6 +197,8 @@ class SolverInfo(_Model):
     search_time_s: float
     gap: float | None = None
     bound_s: float | None = Field(None, description="proven lower bound on the objective (MILP solvers)")
+    source: str | None = Field(None, description="the search whose plan is returned: 'milp', 'heu' (OPT, AdaPipe "
+                               "and Checkmate fall back to HEU's plan where theirs simulates slower or does not fit)")
 
 
 class PlanParallel(_Model):

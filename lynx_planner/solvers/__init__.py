@@ -43,6 +43,7 @@ class Strategy:
     status: str = "heuristic"
     gap: float | None = None
     bound_s: float | None = None
+    source: str | None = None  # which search's plan this is ('milp', 'heu'), where an algorithm has several
 
 
 @dataclass
@@ -77,7 +78,7 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
             f"algorithm {algo!r} needs {format_bytes(worst.peak_memory_bytes)} on stage {worst.stage}, more than the "
             f"memory limit of {format_bytes(memory_limit)}", needed=worst.peak_memory_bytes)
     info = SolverInfo(name=algo, status=strategy.status, search_time_s=round(search_s, 6), gap=strategy.gap,
-                      bound_s=strategy.bound_s)
+                      bound_s=strategy.bound_s, source=strategy.source)
     return Solved(stages, info, ev)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from .. import evaluate as ev
 from ..schema import LayerPolicy, Profile
@@ -19,12 +20,15 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
            objective: str, time_limit: float | None, rounds: int = 4):
     """Solve, simulate; a stage the simulation finds over its limit gets its budget cut by the excess, and the
     windows are re-measured on the new plan; up to `rounds` solves within `time_limit` seconds in all. Returns
-    (policies, evaluation, last MilpResult) of the best fitting plan, or (None, None, last result)."""
+    (policies, evaluation, MilpResult) of the best fitting plan, its MilpResult's `bound_s` replaced by the least
+    bound of the rounds solved at the full budget (a cut budget's bound does not bound the problem), or
+    (None, None, last MilpResult)."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     p = len(bounds) - 1
     cut = [0] * p
     best = None
     result = None
+    full_budget_bounds = []
     for _ in range(rounds):
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
@@ -33,13 +37,15 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
         result = milp.solve(profile, models, allowed, objective, left)
         if result.status == "infeasible":
             break
+        if not any(cut):
+            full_budget_bounds.append(result.bound_s)
         pols = policies(profile, models, result.choices)
         evaluation = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
         over = {st.stage: st.peak_memory_bytes - limit for st in evaluation.predicted.stages
                 if st.peak_memory_bytes > limit}
         if not over:
             if best is None or evaluation.predicted.iteration_time_s < best[1].predicted.iteration_time_s:
-                best = (pols, evaluation)
+                best = (pols, evaluation, result)
             if not (set(allowed) & {"grad_wait", "layer_above"}):
                 break  # on-demand plans do not depend on the windows
             new_waits = measured_grad_waits(profile, evaluation.sim)
@@ -50,4 +56,5 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             cut[s] += excess
     if best is None:
         return None, None, result
-    return best[0], best[1], result
+    bound = None if not full_budget_bounds or None in full_budget_bounds else min(full_budget_bounds)
+    return best[0], best[1], replace(best[2], bound_s=bound)

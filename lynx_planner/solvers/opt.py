@@ -2,12 +2,16 @@
 (and, with --partition auto, also on the split priced on demand and on Megatron's even split), judged by the
 simulator.
 
-The MILP is solved to proven optimality (or to the time limit) for its model of the timeline; its plan is then
-simulated, over-limit stages are tightened and the windows re-measured (solvers/milp_search.py). The returned plan is
-the best simulated one among the MILP's and HEU's, so OPT is never worse than HEU. `status`, `gap` and `bound_s`
-are the MILPs', over the splits searched: `bound_s` is the least proven lower bound on the slowest stage's time per
-micro-batch, `gap` the best objective's distance from it, and `optimal` means that gap is within HiGHS's relative
-tolerance (1e-4). `--time-limit` (default 60 s) bounds the whole search.
+The MILP minimises its model of the iteration time (the slowest stage M - 1 times plus every stage once, per stage the
+compute and the exposed recomputation; solvers/stage_model.py) and is solved to proven optimality (or to the time
+limit); its plan is then simulated, over-limit stages are tightened and the windows re-measured
+(solvers/milp_search.py). The MILP's best simulated plan is returned (`source: "milp"`) unless HEU's simulates
+faster, or the MILP found none that fits (`source: "heu"`). The solver fields describe the returned plan: `bound_s`
+is the least proven lower bound of the modelled iteration time over the splits searched; `gap` is the returned plan's
+simulated time above that bound, relative to the simulated time (so it includes the model's error); `optimal` means
+the returned plan is the MILP's and its modelled time is within HiGHS's relative tolerance (1e-4) of the bound over
+all splits; `time_limit` that some split's MILP was stopped by the time limit; otherwise `feasible`. `--time-limit`
+(default 60 s) bounds the whole search.
 """
 
 from __future__ import annotations
@@ -29,35 +33,45 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
     deadline = time.perf_counter() + time_limit  # --time-limit bounds the whole search
-    bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition)
-    best = (bounds, pols, evaluation)
-    splits = [bounds]
+    heu_bounds, heu_pols, heu_eval = heu_strategy(profile, limit, problem.partition)
+    splits = [heu_bounds]
     if problem.partition == "auto":  # also the splits priced on demand (AdaPipe's) and Megatron's even one
         on_demand = auto_bounds(profile, limit, HullCache(("on_demand",)))
         for other in (on_demand, even_bounds(profile, profile.parallel.pp)):
             if other and other not in splits:
                 splits.append(other)
-    statuses, objectives, bounds_s = [], [], []
+    statuses, bounds_s = [], []
+    milp = None  # (split, policies, evaluation, MilpResult) of the MILP's best simulated plan
     for i, split in enumerate(splits):
-        waits = measured_grad_waits(profile, evaluation.sim) if split == bounds else [0.0] * profile.parallel.pp
+        waits = measured_grad_waits(profile, heu_eval.sim) if split == heu_bounds else [0.0] * profile.parallel.pp
         left = deadline - time.perf_counter()
         if left <= 0:
             statuses.append("time_limit")
             break
         share = left / (len(splits) - i)  # the remaining time, shared by the remaining splits
-        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "bottleneck", share)
-        if result is not None and result.status != "infeasible":
-            statuses.append(result.status)
-            objectives.append(result.objective_s)
-            bounds_s.append(result.bound_s)
-        if got is not None and got_eval.better_than(best[2], limit):
-            best = (split, got, got_eval)
-    # OPT minimises over the splits as well: its gap is the best objective's distance from the least bound.
-    objective = min((o for o in objectives if o is not None), default=None)
-    bound = min((b for b in bounds_s if b is not None), default=None)
-    gap = None if objective is None or bound is None else max(0.0, (objective - bound) / max(objective, 1e-12))
-    if gap is not None and gap <= REL_GAP:
-        status = "optimal"
+        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "iteration", share)
+        if result is None or result.status == "infeasible":
+            continue  # no policies fit this split in the model: it bounds nothing
+        statuses.append(result.status)
+        bounds_s.append(result.bound_s)
+        if got is not None and (milp is None or got_eval.better_than(milp[2], limit)):
+            milp = (split, got, got_eval, result)
+    return _returned(heu_bounds, heu_pols, heu_eval, milp, statuses, bounds_s, limit)
+
+
+def _returned(heu_bounds, heu_pols, heu_eval, milp, statuses: list[str], bounds_s: list, limit: int) -> Strategy:
+    """The MILP's plan unless HEU's simulates better, with a status and gap that describe the plan returned."""
+    use_milp = milp is not None and not heu_eval.better_than(milp[2], limit)
+    bounds, pols, evaluation = (milp[0], milp[1], milp[2]) if use_milp else (heu_bounds, heu_pols, heu_eval)
+    bound = min(bounds_s) if bounds_s and None not in bounds_s else None
+    t = evaluation.predicted.iteration_time_s
+    gap = None if bound is None else max(0.0, (t - bound) / t)
+    if "time_limit" in statuses:
+        status = "time_limit"
+    elif not statuses:
+        status = "heuristic"  # no MILP was solved: HEU's plan, nothing proven
+    elif use_milp and bound is not None and milp[3].objective_s - bound <= REL_GAP * milp[3].objective_s:
+        status = "optimal"  # for the MILP's model, over the splits searched
     else:
-        status = "time_limit" if "time_limit" in statuses else (statuses[-1] if statuses else "heuristic")
-    return Strategy(best[0], best[1], status=status, gap=gap, bound_s=bound)
+        status = "feasible"
+    return Strategy(bounds, pols, status=status, gap=gap, bound_s=bound, source="milp" if use_milp else "heu")

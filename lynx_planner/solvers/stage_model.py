@@ -42,6 +42,8 @@ class StageModel:
     fwd_idle_s: float  # pool: hideable work in one forward's TP collectives
     slots: tuple[Slot, ...]
     pools: tuple[str, ...] = ("grad_wait", "prev_forward")  # the pooled placements that fire on this stage
+    prev_forward_share: float = 1.0  # the micro-batches whose prev_forward fires (the others' run on demand)
+    send_s: float = 0.0  # the transfer of the stage's output (and of its gradient back)
 
 
 def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
@@ -72,6 +74,9 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         slots=tuple(slots),
         pools=tuple(at for at in ("grad_wait", "prev_forward")
                     if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches)),
+        prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches),
+        send_s=0.0 if end == len(profile.layers) else costs.p2p_s(
+            simulator.boundary_bytes(profile, end - 1), costs.link(hw, par.tp * par.pp)),
     )
 
 
