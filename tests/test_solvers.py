@@ -73,7 +73,8 @@ def test_plans_are_deterministic():
 
 def test_heu_pools_recomputation_into_pipeline_waits():
     """22B, PP 8 at a tight limit: the stages off the bottleneck wait for gradients; HEU hides recomputation there
-    (grad_wait / prev_forward) and beats the best all-on-demand plan of the same search."""
+    (grad_wait / prev_forward) and beats the best all-on-demand plan of the same search. (At 18 GiB the edge was
+    0.23% while prev_forward was credited where the runtime never fires it; it is 0.01% now, 0.21% at 15 GiB.)"""
     from pathlib import Path
 
     from lynx_planner.io import parse_size
@@ -81,7 +82,7 @@ def test_heu_pools_recomputation_into_pipeline_waits():
     from lynx_planner.solvers.heu import heu_strategy
 
     prof = Profile.model_validate_json(Path("profiles/gpt-22b-a100-80g-nvlink-tp4-pp8-mb2-m32.json").read_text())
-    limit = parse_size("18GiB", "limit")
+    limit = parse_size("15GiB", "limit")
     solved = solvers.solve(prof, "heu", limit)
     pooled = {p.at for st in solved.stages for p in st.policies} & {"grad_wait", "prev_forward"}
     assert pooled

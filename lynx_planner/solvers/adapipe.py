@@ -3,14 +3,17 @@ keep/recompute choice with all recomputation on demand. It isolates what overlap
 windows.
 
 The split comes from the same dynamic programme HEU uses, with on-demand costs; the policies from the shared MILP
-(solvers/milp.py) restricted to on-demand placement, minimising the slowest stage.
+(solvers/milp.py) restricted to on-demand placement, minimising its model of the iteration time (AdaPipe's cost:
+every stage once plus the slowest M - 1 more times). The MILP's plan is returned (`source: "milp"`) unless HEU's
+all-on-demand plan of the same split simulates faster (`source: "heu"`); status and gap describe the plan returned
+(milp_search.returned).
 """
 
 from __future__ import annotations
 
 from . import Problem, Strategy
 from .heu import heu_strategy
-from .milp_search import refine
+from .milp_search import refine, returned
 
 DEFAULT_TIME_LIMIT_S = 60.0
 ON_DEMAND = ("on_demand",)
@@ -20,8 +23,9 @@ def search(problem: Problem, algo: str = "adapipe") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
     bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition, ON_DEMAND)
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
-    got, got_eval, result = refine(profile, limit, bounds, [0.0] * profile.parallel.pp, ON_DEMAND, "bottleneck",
+    got, got_eval, result = refine(profile, limit, bounds, [0.0] * profile.parallel.pp, ON_DEMAND, "iteration",
                                    time_limit)
-    if got is not None and got_eval.better_than(evaluation, limit):
-        return Strategy(bounds, got, status=result.status, gap=result.gap, bound_s=result.bound_s)
-    return Strategy(bounds, pols, status="heuristic")
+    solved = result is not None and result.status != "infeasible"
+    milp = (bounds, got, got_eval, result) if got is not None else None
+    return returned(bounds, pols, evaluation, milp, [result.status] if solved else [],
+                    [result.bound_s] if solved else [], limit)

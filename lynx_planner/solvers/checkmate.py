@@ -22,5 +22,6 @@ def search(problem: Problem, algo: str = "checkmate") -> Strategy:
                              time_limit)
     if pols is None:  # nothing fits: the most frugal on-demand plan, for solve() to report what it needs
         bounds, pols, _ = heu_strategy(profile, limit, "even", ("on_demand",))
-        return Strategy(bounds, pols, status="heuristic")
-    return Strategy(bounds, pols, status=result.status, gap=result.gap, bound_s=result.bound_s)
+        return Strategy(bounds, pols, status="heuristic", source="heu")
+    # gap and bound are the MILP's, in its objective (summed stage time per micro-batch), for the plan it returned
+    return Strategy(bounds, pols, status=result.status, gap=result.gap, bound_s=result.bound_s, source="milp")

@@ -130,17 +130,15 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     if objective == "total":
         m.obj = pyo.Objective(expr=sum(m.t[s] for s in stages))
         offset = 0.0
-    elif objective == "bottleneck":
-        m.obj = pyo.Objective(expr=m.tau + 1e-4 * sum(m.t[s] for s in stages))
-        offset = 0.0
-    else:
+    elif objective == "iteration":
         # the pipeline's iteration: every stage once (fill and drain), the slowest M - 1 more times, the transfers
         # of the fill and the drain; the same as the simulator's for equal stages
         m.obj = pyo.Objective(expr=(profile.parallel.num_microbatches - 1) * m.tau + sum(m.t[s] for s in stages))
         offset = 2 * sum(md.send_s for md in models) / MS
+    else:
+        raise ValueError(f"unknown MILP objective {objective!r}")
 
-    # HiGHS's default relative gap: 'optimal' is proven within 0.01% of the model's optimum (the tie-breaking sum makes
-    # the last digits slow to prove and irrelevant to the plan)
+    # HiGHS's default relative gap: 'optimal' is proven within 0.01% of the model's optimum
     opts = dict(load_solutions=False, raise_exception_on_nonoptimal_result=False, rel_gap=REL_GAP)
     if time_limit is not None:
         opts["time_limit"] = time_limit

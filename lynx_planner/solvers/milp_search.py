@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from .. import evaluate as ev
 from ..schema import LayerPolicy, Profile
-from . import milp
+from . import Strategy, milp
+from .milp import REL_GAP
 from .stage_model import measured_grad_waits, stage_model
 
 
@@ -20,9 +21,9 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
            objective: str, time_limit: float | None, rounds: int = 4):
     """Solve, simulate; a stage the simulation finds over its limit gets its budget cut by the excess, and the
     windows are re-measured on the new plan; up to `rounds` solves within `time_limit` seconds in all. Returns
-    (policies, evaluation, MilpResult) of the best fitting plan, its MilpResult's `bound_s` replaced by the least
-    bound of the rounds solved at the full budget (a cut budget's bound does not bound the problem), or
-    (None, None, last MilpResult)."""
+    (policies, evaluation, MilpResult) of the best fitting plan, or (None, None, last MilpResult). Where that plan
+    was solved with a cut budget, its MilpResult's `bound_s` is replaced by the least bound of the rounds solved at
+    the full budget (a restricted problem's bound does not bound the problem) and its status is at most feasible."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     p = len(bounds) - 1
     cut = [0] * p
@@ -39,6 +40,8 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             break
         if not any(cut):
             full_budget_bounds.append(result.bound_s)
+        else:  # a restricted problem: its bound does not bound the problem, its optimum is not the optimum
+            result = replace(result, status="feasible" if result.status == "optimal" else result.status, bound_s=None)
         pols = policies(profile, models, result.choices)
         evaluation = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
         over = {st.stage: st.peak_memory_bytes - limit for st in evaluation.predicted.stages
@@ -56,5 +59,27 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             cut[s] += excess
     if best is None:
         return None, None, result
-    bound = None if not full_budget_bounds or None in full_budget_bounds else min(full_budget_bounds)
-    return best[0], best[1], replace(best[2], bound_s=bound)
+    if best[2].bound_s is None and full_budget_bounds and None not in full_budget_bounds:
+        return best[0], best[1], replace(best[2], bound_s=min(full_budget_bounds))
+    return best
+
+
+def returned(heu_bounds, heu_pols, heu_eval, milp, statuses: list[str], bounds_s: list, limit: int) -> Strategy:
+    """The MILP's plan (split, policies, evaluation, MilpResult) unless HEU's simulates better, as a Strategy whose
+    status and gap describe the plan returned: `bound_s` the least proven bound of the modelled objective over the
+    MILPs solved (`bounds_s`; None if one has none), `gap` the returned plan's simulated time above it relative to that
+    time, `optimal` only for the MILP's own plan proven optimal in the model over all of them."""
+    use_milp = milp is not None and not heu_eval.better_than(milp[2], limit)
+    bounds, pols, evaluation = (milp[0], milp[1], milp[2]) if use_milp else (heu_bounds, heu_pols, heu_eval)
+    bound = min(bounds_s) if bounds_s and None not in bounds_s else None
+    t = evaluation.predicted.iteration_time_s
+    gap = None if bound is None else max(0.0, (t - bound) / t)
+    if "time_limit" in statuses:
+        status = "time_limit"
+    elif not statuses:
+        status = "heuristic"  # no MILP was solved: HEU's plan, nothing proven
+    elif use_milp and bound is not None and milp[3].objective_s - bound <= REL_GAP * milp[3].objective_s:
+        status = "optimal"  # for the MILP's model, over the splits searched
+    else:
+        status = "feasible"
+    return Strategy(bounds, pols, status=status, gap=gap, bound_s=bound, source="milp" if use_milp else "heu")

@@ -21,8 +21,7 @@ import time
 from ..schema import PLACEMENTS
 from . import Problem, Strategy
 from .heu import HullCache, auto_bounds, heu_strategy
-from .milp import REL_GAP
-from .milp_search import refine
+from .milp_search import refine, returned
 from .partition import even_bounds
 from .stage_model import measured_grad_waits
 
@@ -56,22 +55,4 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
         bounds_s.append(result.bound_s)
         if got is not None and (milp is None or got_eval.better_than(milp[2], limit)):
             milp = (split, got, got_eval, result)
-    return _returned(heu_bounds, heu_pols, heu_eval, milp, statuses, bounds_s, limit)
-
-
-def _returned(heu_bounds, heu_pols, heu_eval, milp, statuses: list[str], bounds_s: list, limit: int) -> Strategy:
-    """The MILP's plan unless HEU's simulates better, with a status and gap that describe the plan returned."""
-    use_milp = milp is not None and not heu_eval.better_than(milp[2], limit)
-    bounds, pols, evaluation = (milp[0], milp[1], milp[2]) if use_milp else (heu_bounds, heu_pols, heu_eval)
-    bound = min(bounds_s) if bounds_s and None not in bounds_s else None
-    t = evaluation.predicted.iteration_time_s
-    gap = None if bound is None else max(0.0, (t - bound) / t)
-    if "time_limit" in statuses:
-        status = "time_limit"
-    elif not statuses:
-        status = "heuristic"  # no MILP was solved: HEU's plan, nothing proven
-    elif use_milp and bound is not None and milp[3].objective_s - bound <= REL_GAP * milp[3].objective_s:
-        status = "optimal"  # for the MILP's model, over the splits searched
-    else:
-        status = "feasible"
-    return Strategy(bounds, pols, status=status, gap=gap, bound_s=bound, source="milp" if use_milp else "heu")
+    return returned(heu_bounds, heu_pols, heu_eval, milp, statuses, bounds_s, limit)
