@@ -19,7 +19,6 @@ def test_every_plan_passes_check_and_lynx_is_fastest(frac):
     times = solve_all(prof, between(prof, frac))
     assert "none" not in times  # the limit forces recomputation
     best_baseline = min(times[a] for a in BASELINES if a in times)
-    assert times["opt"] <= times["heu"] + TOL
     assert times["heu"] <= best_baseline + TOL
     assert times["heu"] < times["full"]
 
@@ -45,7 +44,7 @@ def test_nothing_fits_names_the_minimum():
 def test_one_stage_one_micro_batch():
     prof = small_profile(tp=2, pp=1, m=1)
     times = solve_all(prof, between(prof, 0.3))
-    assert times["opt"] <= times["heu"] + TOL <= times["full"] + TOL
+    assert times["heu"] <= times["full"] + TOL
 
 
 def test_zero_length_windows():
@@ -113,3 +112,99 @@ def test_gpipe_is_not_shortened():
     assert shortened(prof).parallel.num_microbatches == 5
     gpipe = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"schedule": "gpipe"})})
     assert shortened(gpipe) is gpipe
+
+
+def test_opt_returns_its_own_milp_plan_and_describes_it():
+    """The MILP models the simulator's timeline closely enough that its own plan beats HEU's here (0.24%); the
+    solver fields describe that plan. Fails if OPT skips its MILP or falls back to HEU's plan."""
+    prof = small_profile(tp=4, pp=2, m=4, hardware="a100-80g-pcie")
+    limit = between(prof, 0.15)
+    heu = solvers.solve(prof, "heu", limit).evaluation.predicted.iteration_time_s
+    opt = solvers.solve(prof, "opt", limit, time_limit=30)
+    t = opt.evaluation.predicted.iteration_time_s
+    assert opt.solver.source == "milp" and opt.solver.status == "optimal"
+    assert t < heu * (1 - 1e-3)
+    assert opt.solver.bound_s is not None and opt.solver.gap == pytest.approx(max(0.0, (t - opt.solver.bound_s) / t))
+    ada = solvers.solve(prof, "adapipe", limit, time_limit=30)
+    assert ada.solver.source == "milp" and ada.solver.status == "optimal"
+    assert solvers.solve(prof, "heu", limit).solver.source is None
+
+
+def test_opt_does_not_follow_a_worse_heu(monkeypatch):
+    """With HEU degraded to full recomputation, OPT returns its MILP's plan, not HEU's, and does not call the
+    degraded plan optimal."""
+    from lynx_planner.solvers import heu as heu_module
+    from lynx_planner.solvers import opt as opt_module
+
+    prof = small_profile(tp=4, pp=2, m=4, hardware="a100-80g-pcie")
+    limit = between(prof, 0.15)
+    good = solvers.solve(prof, "opt", limit, time_limit=30)
+
+    def degraded(profile, lim, partition, placements=heu_module.LYNX_PLACEMENTS):
+        bounds, _, _ = heu_module.heu_strategy(profile, lim, partition, placements)
+        full = solvers.solve(profile, "full", lim)
+        return bounds, [p for st in full.stages for p in _per_layer(st)], full.evaluation
+
+    monkeypatch.setattr(opt_module, "heu_strategy", degraded)
+    got = solvers.solve(prof, "opt", limit, time_limit=30)
+    assert got.solver.source == "milp"
+    assert got.evaluation.predicted.iteration_time_s == pytest.approx(good.evaluation.predicted.iteration_time_s,
+                                                                        rel=1e-3)
+
+
+def _per_layer(stage):
+    return [p.model_copy(update={"layers": (i, i + 1)}) for p in stage.policies for i in range(*p.layers)]
+
+
+def test_returned_heu_plan_is_not_called_optimal():
+    """When HEU's plan simulates faster than the MILP's, OPT returns it as 'feasible' (nothing proves it optimal)
+    with its own gap from the MILP's bound."""
+    from lynx_planner.evaluate import Evaluation
+    from lynx_planner.schema import Predicted, StagePrediction
+    from lynx_planner.solvers.milp import MilpResult
+    from lynx_planner.solvers.milp_search import returned
+
+    def ev(t: float) -> Evaluation:
+        st = StagePrediction(stage=0, peak_memory_bytes=1, static_bytes=0, activation_bytes=1, busy_time_s=t,
+                             exposed_recompute_s=0, hidden_recompute_s=0)
+        return Evaluation(Predicted(iteration_time_s=t, ideal_iteration_time_s=t, stages=[st]), None)
+
+    proven = MilpResult([], "optimal", 1.0, 1.0, 0.0)
+    heu_wins = returned([0, 1], ["h"], ev(1.01), ([0, 1], ["m"], ev(1.02), proven), ["optimal"], [1.0], 10)
+    assert (heu_wins.source, heu_wins.status, heu_wins.policies) == ("heu", "feasible", ["h"])
+    assert heu_wins.gap == pytest.approx(0.01 / 1.01)
+    milp_wins = returned([0, 1], ["h"], ev(1.03), ([0, 1], ["m"], ev(1.02), proven), ["optimal"], [1.0], 10)
+    assert (milp_wins.source, milp_wins.status, milp_wins.policies) == ("milp", "optimal", ["m"])
+    assert milp_wins.gap == pytest.approx(0.02 / 1.02)
+    not_proven = returned([0, 1], ["h"], ev(1.03), ([0, 1], ["m"], ev(1.02), proven), ["optimal"], [0.9], 10)
+    assert not_proven.status == "feasible"  # another split's bound is lower than this plan's objective
+
+
+def test_the_milps_memory_model_keeps_its_plan_within_the_limit():
+    """One MILP solve (no simulated repair) on HEU's split at a tight limit: its plan fits and recomputes."""
+    from lynx_planner.schema import PLACEMENTS
+    from lynx_planner.solvers.heu import heu_strategy
+    from lynx_planner.solvers.milp_search import refine
+
+    prof = small_profile(tp=4, pp=2, m=4, hardware="a100-80g-pcie")
+    limit = between(prof, 0.15)
+    bounds, _, _ = heu_strategy(prof, limit, "auto")
+    pols, evaluation, result = refine(prof, limit, bounds, [0.0, 0.0], PLACEMENTS, "iteration", 30, rounds=1)
+    assert pols is not None and evaluation.fits(limit) and result.status == "optimal"
+    assert sum(1 for p in pols if p.recompute) >= 4
+
+
+def test_heu_judges_all_its_contenders():
+    """6.7B at 8.875 GiB (bench/ci): HEU's first contender on the shortened pipeline is 0.96% slower on the full one
+    than the one HEU returns; HEU stays within 1.2% of OPT's MILP plan (0.86% now)."""
+    from pathlib import Path
+
+    from lynx_planner.io import parse_size
+    from lynx_planner.schema import Profile
+
+    prof = Profile.model_validate_json(Path("profiles/gpt-6.7b-a100-40g-nvlink-tp4-pp4-mb1-m16.json").read_text())
+    limit = parse_size("8.875GiB", "limit")
+    heu = solvers.solve(prof, "heu", limit).evaluation.predicted.iteration_time_s
+    opt = solvers.solve(prof, "opt", limit, time_limit=30)
+    assert opt.solver.source == "milp"
+    assert heu <= opt.evaluation.predicted.iteration_time_s * 1.012
