@@ -104,6 +104,7 @@ def run_algo(profile: Profile, profile_path: Path, sha: str, algo: str, limit: i
         "fits": max(peaks) <= limit,
         "check": problems,
         "solver_status": solved.solver.status,
+        "solver_source": solved.solver.source,
         "gap": solved.solver.gap,
         "search_time_s": solved.solver.search_time_s,
     }
