@@ -3,7 +3,8 @@
 `attach(stage)` wraps three methods of the `PipelineStage` instance (public API):
   forward_one_chunk(mb)   sets the runtime's micro-batch (None outside it); at its start releases prev_forward for
                           the micro-batch whose backward comes right after this forward, as lynx_planner/placements.py
-                          says (the table the simulator reads: the plan's schedule and micro-batch count)
+                          says (the table the simulator reads: the plan's schedule and micro-batch count; a 1F1B
+                          schedule run with another count releases at most less, never at another point)
   get_bwd_recv_ops(mb)    marks mb's grad_wait recomputation as pending
   backward_one_chunk(mb)  releases mb's grad_wait first if still pending (on CUDA the recomputation runs on the side
                           stream, overlapping the main stream's wait for the gradient), then runs the backward
