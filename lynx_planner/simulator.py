@@ -7,9 +7,10 @@ activations and gradients by point-to-point transfers; a stage idles until its i
 
 Recomputation is one task per (micro-batch, layer). It is released where placements.py says its placement fires (the
 table the runtime reads too) and then runs on a low-priority side stream only while the compute stream is idle, at
-1/interference speed because a collective or transfer runs beside it; earliest deadline first. Whatever is left when the layer's backward starts runs on the
-compute stream: that part is exposed. A memory timeline per stage counts the kept tensors of in-flight micro-batches
-and recomputed tensors from the moment their recomputation starts until the layer's backward ends.
+1/interference speed because a collective or transfer runs beside it; earliest deadline first. Whatever is left when
+the layer's backward starts runs on the compute stream: that part is exposed. A memory timeline per stage counts the
+kept tensors of in-flight micro-batches and recomputed tensors from the moment their recomputation starts until the
+layer's backward ends.
 """
 
 from __future__ import annotations
