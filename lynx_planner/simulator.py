@@ -128,6 +128,7 @@ class SimResult:
     iteration_time_s: float
     stages: list[StageResult]
     trace: list[dict] = field(default_factory=list)
+    memory: list[list[tuple[float, int]]] = field(default_factory=list)  # with trace: (time, activation bytes delta)
 
 
 class _Stage:
@@ -305,7 +306,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
     reduce_gradients(profile, stage_layers, results, events)
-    return SimResult(max(r.end_s for r in results), results, events or [])
+    return SimResult(max(r.end_s for r in results), results, events or [], [st.mem for st in stages] if trace else [])
 
 
 GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_grad buffers)
