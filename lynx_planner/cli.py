@@ -489,7 +489,8 @@ def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[
         table.add_row(r["algo"], f"{r['iteration_time_s']:.4f}" if r["iteration_time_s"] else "-",
                       f"{r['speedup_vs_full']:.3f}x" if r["speedup_vs_full"] else "-", peak,
                       "yes" if r["fits"] else "[red]no[/red]",
-                      _ms(r["search_time_s"]) if r["search_time_s"] is not None else "-", *([stages] if verbose else []))
+                      _ms(r["search_time_s"]) if r["search_time_s"] is not None else "-",
+                      *([stages] if verbose else []))
     out.print(table)
 
 
@@ -779,8 +780,9 @@ def tune_cmd(
         else:
             _print_tune(model, gpus, hw, global_batch, seq_len, limit or hw.memory_bytes, result)
         if result.time_limit_hit:
-            err.print(f"note: --time-limit {time_limit:g} s reached: {result.enumerated - result.planned - result.pruned}"
-                      " layouts were not planned; the table covers those reached")
+            left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
+            err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
+                      "planned; the table covers those reached")
         if not result.top:
             raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
                              f"{format_bytes(limit or hw.memory_bytes)}, even with full recomputation")
@@ -815,8 +817,9 @@ def _print_tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len:
     if meg is not None:
         out.print(f"speedup: over the best Megatron-style configuration, {meg.layout.label()} {meg.algo} "
                   f"({meg.tokens_per_s_per_gpu:.1f} tok/s/GPU, {meg.iteration_time_s:.3f} s)")
-    out.print(f"{result.enumerated} layouts, {result.fitting} fit with full recomputation, {result.planned} planned "
-              f"with HEU and Megatron, {result.pruned} skipped by their balanced ideal; {result.elapsed_s:.1f} s")
+    out.print(f"{result.enumerated} layouts: {result.planned} planned with HEU and Megatron, {result.megatron_only} "
+              f"with Megatron only, {result.too_big} do not fit even with full recomputation, {result.pruned} skipped "
+              f"(their balanced ideal cannot enter the table); {result.elapsed_s:.1f} s")
 
 
 def _size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int, limit: int | None,

@@ -48,7 +48,9 @@ def _repeated(profile: Profile) -> str:
 
 
 def split_flags(profile: Profile, bounds: list[int]) -> list[str]:
-    """Megatron's flags for the plan's stage split (none for its own even split)."""
+    """Megatron's flags for the plan's stage split (none for its own even split): the first and last stages' layer
+    counts when the stages between are equal, else the layout string (which also places a stage holding no
+    transformer layer)."""
     from .solvers.partition import even_bounds
 
     p = len(bounds) - 1
@@ -57,14 +59,14 @@ def split_flags(profile: Profile, bounds: list[int]) -> list[str]:
     rep = _repeated(profile)
     counts = [sum(profile.layers[i].block == rep for i in range(bounds[s], bounds[s + 1])) for s in range(p)]
     middle = counts[1:-1]
-    if p > 2 and len(set(middle)) == 1 and middle[0] > 0:
+    if p > 2 and len(set(middle)) == 1 and min(counts) > 0:
         flags = []
         if counts[0] != middle[0]:
             flags.append(f"--decoder-first-pipeline-num-layers {counts[0]}")
         if counts[-1] != middle[0]:
             flags.append(f"--decoder-last-pipeline-num-layers {counts[-1]}")
         return flags
-    if p == 2:
+    if p == 2 and min(counts) > 0:
         return [f"--decoder-first-pipeline-num-layers {counts[0]}"]
     stages = []
     for s in range(p):

@@ -287,15 +287,18 @@ class TuneResult:
     best_plan: Plan | None
     best_profile: Profile | None
     enumerated: int
-    fitting: int
-    planned: int  # layouts planned with HEU
-    pruned: int
+    too_big: int  # layouts that do not fit even with full recomputation
+    planned: int  # layouts planned with HEU and Megatron
+    megatron_only: int  # layouts planned with Megatron only (HEU could not enter the table there)
+    pruned: int  # layouts skipped: their balanced ideal could not enter the table
     time_limit_hit: bool
     elapsed_s: float
 
 
 def _rank(rows: list[Row]) -> list[Row]:
-    return sorted((r for r in rows if r.fits), key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo != "heu", r.algo))
+    """Fitting rows, fastest first; on a tie HEU first, then by layout."""
+    return sorted((r for r in rows if r.fits),
+                  key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo != "heu", r.algo))
 
 
 def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
@@ -315,7 +318,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
             candidates.append((balanced_ideal_s(prof), lay, prof))
     candidates.sort(key=lambda c: (c[0], c[1]))
     rows: list[Row] = []
-    fitting = planned = pruned = 0
+    too_big = planned = megatron_only = pruned = 0
     hit = False
     for i, (bound_s, lay, prof) in enumerate(candidates):
         if progress:
@@ -333,15 +336,18 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
             pruned += 1
             continue
         got = plan_layout(prof, lay, limit, tokens, gpus, heu=best_possible >= heu_bar)
-        if any(r.fits for r in got) or len(got) > 1:
-            fitting += 1
-        planned += any(r.algo == "heu" for r in got)
+        if len(got) == 1:
+            too_big += 1
+        elif any(r.algo == "heu" for r in got):
+            planned += 1
+        else:
+            megatron_only += 1
         rows += got
     if progress:
         progress(len(candidates), len(candidates), "")
     top_rows, best_meg, best_plan, best_prof = _finish(rows, profiles, limit, tokens, gpus, top, make_plan)
     return TuneResult(_rank(rows) + [r for r in rows if not r.fits], top_rows, best_meg, best_plan, best_prof,
-                      len(candidates), fitting, planned, pruned, hit, time.perf_counter() - t0)
+                      len(candidates), too_big, planned, megatron_only, pruned, hit, time.perf_counter() - t0)
 
 
 def _finish(rows: list[Row], profiles: Profiles, limit: int, tokens: float, gpus: int, top: int, make_plan: bool):
