@@ -717,8 +717,9 @@ def _tune_table(title: str, result, best_meg) -> Table:
         table.add_column(col, justify=just, no_wrap=True, min_width=2 if col == "#" else None)
     base = best_meg.tokens_per_s_per_gpu if best_meg else None
     for i, r in enumerate(result.top, 1):
-        table.add_row(str(i), *_layout_cells(r.layout), r.algo, f"{r.tokens_per_s_per_gpu:.1f}",
-                      f"{r.iteration_time_s:.3f}", _gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
+        rate = r.tokens_per_s_per_gpu
+        table.add_row(str(i), *_layout_cells(r.layout), r.algo, f"{rate:.1f}" if rate < 1e6 else f"{rate:.3g}",
+                      f"{r.iteration_time_s:.4g}", _gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
                       f"{r.tokens_per_s_per_gpu / base:.3f}x" if base else "-")
     return table
 

@@ -88,10 +88,10 @@ def timeline(events: list[dict], memory: list[list[tuple[float, int]]], static: 
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p) if p <= 16 else range(0, p, max(1, p // 16)))
     ax.set_ylabel("stage")
-    ax.set_title(title, loc="left")
+    fig.suptitle(title, x=0.01, ha="left", fontsize=10)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), ncol=6, loc="upper center", bbox_to_anchor=(0.5, 1.12),
-              frameon=False, fontsize=8)
+    ax.legend(handles, list(COLORS), ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+              fontsize=8)
     cmap = plt.get_cmap("viridis")
     for s, (deltas, base) in enumerate(zip(memory, static)):
         xs, ys, cur = [0.0], [base / GiB], 0
