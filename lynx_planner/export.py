@@ -149,6 +149,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
         flags.append("--overlap-grad-reduce")
         if par.distributed_optimizer:
             flags.append("--use-distributed-optimizer")
+    flags.append("--bf16")  # the profile's 2-byte activations and mixed-precision Adam
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
     flags += split_flags(profile, bounds)
@@ -195,6 +196,8 @@ def toml(sections: dict[str, dict]) -> str:
 
 
 TORCHTITAN_APPLY = '''\
+# module_fqns_per_model_part uses torchtitan's Llama names (tok_embeddings, layers.N, norm, output) for catalog
+# models; a model file's own module paths otherwise.
 # torchtitan/models/llama3/infra/parallelize.py, in parallelize_llama(model, parallel_dims, job_config):
 # after apply_tp(...) and before apply_compile / apply_fsdp (activation_checkpoint.mode = "none", so apply_ac
 # does not wrap the layers first). Under PP this runs once per model part; the part keeps the model's
