@@ -719,7 +719,8 @@ def _tune_table(title: str, result, best_meg) -> Table:
     for i, r in enumerate(result.top, 1):
         rate = r.tokens_per_s_per_gpu
         table.add_row(str(i), *_layout_cells(r.layout), r.algo, f"{rate:.1f}" if rate < 1e6 else f"{rate:.3g}",
-                      f"{r.iteration_time_s:.4g}", _gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
+                      f"{r.iteration_time_s:.3f}" if r.iteration_time_s >= 0.01 else f"{r.iteration_time_s:.2e}",
+                      _gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
                       f"{r.tokens_per_s_per_gpu / base:.3f}x" if base else "-")
     return table
 

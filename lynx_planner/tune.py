@@ -27,6 +27,7 @@ from .schema import Hardware, ParallelConfig, Plan, Profile
 from .simulator import block_segments
 
 MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
+MEGATRON_ROWS = MEGATRON + ("none",)  # block with N = 0 is Megatron without recomputation
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 
 
@@ -240,8 +241,9 @@ def _row(layout: Layout, algo: str, short: Profile, full_m: int, limit: int, bou
 
 def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpus: int, heu: bool = True
                 ) -> list[Row]:
-    """Rows for Megatron's full, selective and block recomputation and (if `heu`) HEU on one layout. A layout whose
-    full recomputation does not fit gets one row, `full`, with fits false."""
+    """Rows for Megatron's full, selective and block recomputation (`none` when block needs no layer recomputed) and
+    (if `heu`) HEU on one layout. A layout whose full recomputation does not fit gets one row, `full`, with fits
+    false."""
     from .solvers import Problem, megatron
     from .solvers.heu import heu_strategy
 
@@ -252,7 +254,8 @@ def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpu
         strategy = megatron.search(Problem(short, limit), algo)
         stages = ev.stage_plans(short, strategy.bounds, strategy.policies)
         evaluation = ev.evaluate(short, stages, ideal=False)
-        rows.append(_row(layout, algo, short, m, limit, strategy.bounds, strategy.policies, evaluation, tokens,
+        name = "none" if algo == "block" and not any(p.recompute for p in strategy.policies) else algo
+        rows.append(_row(layout, name, short, m, limit, strategy.bounds, strategy.policies, evaluation, tokens,
                          gpus))
         if algo == "full" and not rows[-1].fits:
             rows[-1].note = "does not fit even with full recomputation"
@@ -329,7 +332,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
         best_possible = tokens / bound_s / gpus
         ranked = _rank(rows)
         kth_heu = [r for r in ranked if r.algo == "heu"]
-        meg = [r for r in ranked if r.algo in MEGATRON]
+        meg = [r for r in ranked if r.algo in MEGATRON_ROWS]
         heu_bar = kth_heu[top - 1].tokens_per_s_per_gpu if len(kth_heu) >= top else 0.0
         meg_bar = meg[0].tokens_per_s_per_gpu if meg else 0.0
         if best_possible < min(heu_bar, meg_bar):
@@ -362,7 +365,7 @@ def _finish(rows: list[Row], profiles: Profiles, limit: int, tokens: float, gpus
         _replace(rows, r, full)
         table.append(full)
     best_meg = None
-    for r in [r for r in _rank(rows) if r.algo in MEGATRON][:3]:
+    for r in [r for r in _rank(rows) if r.algo in MEGATRON_ROWS][:3]:
         full = simulate_full(profiles(r.layout), r, limit, tokens, gpus)
         _replace(rows, r, full)
         if full.fits and (best_meg is None or full.tokens_per_s_per_gpu > best_meg.tokens_per_s_per_gpu):
