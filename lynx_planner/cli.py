@@ -764,6 +764,8 @@ def tune_cmd(
     if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: --out is a file, expected a directory")
     if plot is not None:
+        if len(kinds) > 1 or gpus is None:
+            raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
         _check_output(plot, "--plot")
     limit = _size(memory_limit, "--memory-limit")
     if gpus is None:

@@ -151,3 +151,19 @@ def test_trace_memory_timeline_matches_the_peak(plan_file):
             cur += d
             peak = max(peak, cur)
         assert peak == st.activation_bytes and cur == 0
+
+
+def test_compare_table_fits_80_columns_with_32_stages(tmp_path):
+    prof = small_profile(pp=32, layers=32, m=32, tp=1)
+    path = tmp_path / "deep.json"
+    path.write_text(dumps(prof))
+    for extra in ([], ["--verbose"]):
+        r = runner.invoke(app, ["compare", str(path), "--algos", "heu,full,block", *extra], env={"COLUMNS": "80"},
+                          terminal_width=80)
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()[1:]  # the title names the (long, temporary) profile path
+        assert max(len(line) for line in lines) <= 80
+        header = next(line for line in lines if "algo" in line)
+        assert all(col in header for col in ("iteration s", "vs full", "peak GiB", "fits"))
+        heu = next(line for line in lines if line.strip().startswith("heu"))
+        assert "yes" in heu and "x" in heu
