@@ -787,6 +787,9 @@ def tune_cmd(
             left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
             err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
                       "planned; the table covers those reached")
+        if not result.top and result.time_limit_hit:
+            raise InputError(f"--time-limit: {time_limit:g} s ran out before any layout of {model} on {gpus} x "
+                             f"{hw.name} was planned")
         if not result.top:
             raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
                              f"{format_bytes(limit or hw.memory_bytes)}, even with full recomputation")

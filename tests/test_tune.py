@@ -138,6 +138,8 @@ def test_cli_json_rows_and_out(tiny, tmp_path):
     (["--gpus", "8", "--hardware", "tpu-v9"], "--hardware"),
     (["--gpus", "8", "--hardware", "a100-80g-pcie,h100-80g-nvlink", "--out", "x"], "--out"),
     (["--gpus", "8", "--hardware", "a100-80g-pcie", "--memory-limit", "1MiB"], "--memory-limit"),
+    (["--gpus", "8", "--hardware", "a100-80g-pcie", "--time-limit", "0.001"], "--time-limit"),
+    (["--hardware", "a100-80g-pcie", "--plot", "t.png"], "--plot"),
 ])
 def test_cli_bad_input(tiny, args, message):
     r = runner.invoke(app, ["tune", tiny, "--global-batch", "16", "--seq-len", str(SEQ), *args])
