@@ -248,36 +248,12 @@ def profile_cmd(
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
-    is_file = model.endswith(".py") or os.sep in model or Path(model).is_file()
-    if is_file:
-        path = Path(model)
-        if not path.is_file():
-            raise InputError(f"{model}: no such model file")
-        if dropout:
-            err.print("note: --dropout applies to catalog models; a model file's own dropout modules are profiled")
-        try:
-            from .profiler import profile_model_file
-        except ImportError as e:
-            raise InputError(f"{model}: profiling model files is not available in this installation ({e})") from None
-        profile = _call_model_file(path, "profiling", profile_model_file, str(path), parallel=par, hardware=hw,
-                                   method=method.value, device=device.value, attention=attention.value,
-                                   progress=True)
-    else:
-        from .analytic import gpt_profile
-        from .models.catalog import MODELS
+    from .tune import build_profile, is_model_file
 
-        if model not in MODELS:
-            raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, or a .py file "
-                             "that builds a PyTorch model)")
-        if method is Method.measure:
-            raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
-                             "(MODEL.py) to run. Use --method analytic for catalog models.")
-        try:
-            profile = gpt_profile(MODELS[model], par, hw, attention.value, dropout)
-        except ValidationError as e:
-            raise InputError(f"{model}: {_option_errors(e)}") from None
-        except ValueError as e:
-            raise InputError(f"{model}: {e}") from None
+    if is_model_file(model) and dropout:
+        err.print("note: --dropout applies to catalog models; a model file's own dropout modules are profiled")
+    profile = _call_model_file(Path(model), "profiling", build_profile, model, par, hw, attention.value, dropout,
+                               method.value, device.value, progress=True)
     write_atomic(output, dumps(profile))
     _profile_summary(profile, output)
 
@@ -449,8 +425,14 @@ def compare_cmd(
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print a JSON list of {"algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", '
         '"fits", "search_time_s"} instead of a table.')] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Also list each stage's peak memory (folded to the terminal's width).")] = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        metavar="FILE.png", help="Draw iteration time against peak memory, one point per algorithm.")] = None,
 ) -> None:
     """Run several algorithms on PROFILE under one memory limit and compare time, memory and search time."""
+    if plot is not None:
+        _check_output(plot, "--plot")
     names = _algos(algos)
     profile = _load_profile(profile_path)
     limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
@@ -462,7 +444,16 @@ def compare_cmd(
         keys = ("algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", "fits", "search_time_s")
         typer.echo(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1))
     else:
-        _compare_table(profile_path, profile, limit, rows)
+        _compare_table(profile_path, profile, limit, rows, verbose)
+    if plot is not None:
+        from .plot import time_memory
+
+        par = profile.parallel
+        time_memory([{**r, "label": r["algo"]} for r in rows if r["fits"]], limit,
+                    f"{profile.model.name} on {profile.hardware.name}, tp {par.tp} pp {par.pp}, "
+                    f"{par.num_microbatches} micro-batches: limit {format_bytes(limit)}", plot)
+        if not as_json:
+            out.print(f"wrote {plot}")
     _fail_if_nothing_fits(rows, limit)
 
 
@@ -475,24 +466,31 @@ def _fail_if_nothing_fits(rows: list[dict], limit: int) -> None:
         raise InputError(f"--memory-limit: no algorithm fits in {format_bytes(limit)}{need}")
 
 
-def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[dict]) -> None:
+def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[dict], verbose: bool = False
+                   ) -> None:
+    """Time, speedup, memory and fit columns always; each stage's peak only with --verbose, as a folding column."""
+    from rich import box
+
     table = Table(title=f"{profile_path}: memory limit {format_bytes(limit)}, pp {profile.parallel.pp}",
-                  title_justify="left")
-    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"),
-                      ("peak GiB max [per stage]", "left"), ("fits", "left"), ("search", "right")):
-        table.add_column(col, justify=just, no_wrap=col in ("algo", "peak GiB max [per stage]"))
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"), ("peak GiB", "right"),
+                      ("fits", "left"), ("search", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    if verbose:
+        table.add_column("peak GiB per stage", justify="left", overflow="fold", ratio=1)
     for r in rows:
         if not r["available"]:
-            table.add_row(r["algo"], "-", "-", "-", "n/a", "-")
+            table.add_row(r["algo"], "-", "-", "-", "n/a", "-", *([""] if verbose else []))
             continue
         if r["peak_per_stage"]:
-            peak = f"{_gib(r['peak_memory_bytes'])} [{' '.join(_gib(p) for p in r['peak_per_stage'])}]"
+            peak, stages = _gib(r["peak_memory_bytes"]), " ".join(_gib(p) for p in r["peak_per_stage"])
         else:
-            peak = f"needs {_gib(r['peak_memory_bytes'])}" if r["peak_memory_bytes"] else "-"
+            peak, stages = (f"needs {_gib(r['peak_memory_bytes'])}" if r["peak_memory_bytes"] else "-"), ""
         table.add_row(r["algo"], f"{r['iteration_time_s']:.4f}" if r["iteration_time_s"] else "-",
                       f"{r['speedup_vs_full']:.3f}x" if r["speedup_vs_full"] else "-", peak,
                       "yes" if r["fits"] else "[red]no[/red]",
-                      _ms(r["search_time_s"]) if r["search_time_s"] is not None else "-")
+                      _ms(r["search_time_s"]) if r["search_time_s"] is not None else "-",
+                      *([stages] if verbose else []))
     out.print(table)
 
 
@@ -530,13 +528,18 @@ def simulate_cmd(
         metavar="TRACE.json", help="Write a Chrome trace (open in Perfetto or chrome://tracing): one track per "
         "stage and stream.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the predicted block as JSON.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        metavar="TIMELINE.png", help="Draw the pipeline per stage (forward, backward, collectives, hidden and "
+        "exposed recomputation) with each stage's memory over time under it.")] = None,
 ) -> None:
-    """Re-simulate a plan: per-stage memory and time, and optionally a timeline trace."""
+    """Re-simulate a plan: per-stage memory and time, and optionally a timeline trace or picture."""
     from .evaluate import evaluate
 
     plan = _load_plan(plan_path)
     if trace is not None:
         _check_output(trace, "--trace")
+    if plot is not None:
+        _check_output(plot, "--plot")
     prof_path = _plan_profile_path(plan, plan_path, profile)
     prof = _load_profile(prof_path)
     if file_sha256(prof_path) != plan.profile_sha256:
@@ -545,12 +548,19 @@ def simulate_cmd(
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
                          f"pp {prof.parallel.pp}")
     try:
-        ev = evaluate(prof, plan.stages, trace=trace is not None)
+        ev = evaluate(prof, plan.stages, trace=trace is not None or plot is not None)
     except (KeyError, IndexError, ValueError) as e:
         raise InputError(f"{plan_path}: the plan does not fit the profile {prof_path} ({type(e).__name__}: {e}); "
                          "run `lynx check`") from None
     if trace is not None:
         write_atomic(trace, json.dumps(chrome_trace(ev.sim.trace, len(plan.stages))) + "\n")
+    if plot is not None:
+        from .plot import timeline
+
+        timeline(ev.sim.trace, ev.sim.memory, [s.static_bytes for s in ev.predicted.stages], plan.memory_limit_bytes,
+                 f"{plan_path.name} ({plan.algo}): {prof.model.name} on {prof.hardware.name}, tp {prof.parallel.tp} "
+                 f"pp {prof.parallel.pp} dp {prof.parallel.dp}, {prof.parallel.num_microbatches} micro-batches, "
+                 f"{ev.predicted.iteration_time_s:.4f} s", plot)
     pred = ev.predicted
     if as_json:
         typer.echo(json.dumps(pred.model_dump(mode="json"), indent=1))
@@ -568,6 +578,8 @@ def simulate_cmd(
               f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
     if trace is not None:
         out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")
+    if plot is not None:
+        out.print(f"wrote {plot}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -670,6 +682,237 @@ def bench_cmd(
     code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
                       time_limit=time_limit, console=wide)
     raise typer.Exit(code)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# lynx tune, lynx export (layouts and launch settings; logic in tune.py, export.py, plot.py)
+
+
+def _progress_bar(description: str):
+    """A transient progress bar on stderr, and the callback tune.py reports to."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), console=err, transient=True)
+    task = bar.add_task(description, total=None)
+
+    def report(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, description=f"{description} {label}".rstrip())
+
+    return bar, report
+
+
+def _layout_cells(lay) -> list[str]:
+    return [f"{lay.tp}x{lay.pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
+            "y" if lay.sequence_parallel else "-"]
+
+
+def _tune_table(title: str, result, best_meg) -> Table:
+    from rich import box
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col, just in (("#", "right"), ("tp×pp×dp", "left"), ("mb×M", "left"), ("sp", "left"), ("algo", "left"),
+                      ("tok/s/GPU", "right"), ("iter s", "right"), ("GiB", "right"), ("fits", "left"),
+                      ("speedup", "right")):
+        table.add_column(col, justify=just, no_wrap=True, min_width=2 if col == "#" else None)
+    base = best_meg.tokens_per_s_per_gpu if best_meg else None
+    for i, r in enumerate(result.top, 1):
+        rate = r.tokens_per_s_per_gpu
+        table.add_row(str(i), *_layout_cells(r.layout), r.algo, f"{rate:.1f}" if rate < 1e6 else f"{rate:.3g}",
+                      f"{r.iteration_time_s:.3f}" if r.iteration_time_s >= 0.01 else f"{r.iteration_time_s:.2e}",
+                      _gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
+                      f"{r.tokens_per_s_per_gpu / base:.3f}x" if base else "-")
+    return table
+
+
+@command("tune")
+def tune_cmd(
+    model: Annotated[str, typer.Argument(
+        metavar="MODEL", help="A catalog name (`lynx models`) or the path of a .py file that builds a PyTorch model.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Sequences per iteration.")],
+    hardware: Annotated[str, typer.Option(
+        help="Hardware catalog name or JSON file; several kinds comma-separated (a100-80g-nvlink,h100-80g-nvlink).")]
+    = DEFAULT_HARDWARE,
+    gpus: Annotated[Optional[int], typer.Option(
+        "--gpus", min=1, show_default="per kind, the fewest that fit and a few sizes above",
+        help="Number of GPUs.")] = None,
+    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
+    memory_limit: Annotated[Optional[str], typer.Option(
+        show_default="the device memory", help="Per-device memory budget: 80GiB, 40GB, 512MiB or bytes.")] = None,
+    time_limit: Annotated[Optional[float], typer.Option(
+        min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
+    top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
+    distributed_optimizer: Annotated[bool, typer.Option(
+        "--distributed-optimizer/--no-distributed-optimizer",
+        help="Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer).")] = True,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON row per (layout, algorithm) planned instead of the table.")] = False,
+    out_dir: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="DIR", help="Write the best layout's profile.json and plan.json there (created).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        metavar="FILE.png", help="Draw tokens/s per GPU against peak memory of every planned configuration.")]
+    = None,
+) -> None:
+    """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
+    from . import tune
+
+    kinds = [_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
+    if not kinds:
+        raise InputError("--hardware: empty list")
+    if out_dir is not None and (len(kinds) > 1 or gpus is None):
+        raise InputError("--out: needs one --hardware and --gpus (it writes that configuration's files)")
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: --out is a file, expected a directory")
+    if plot is not None:
+        if len(kinds) > 1 or gpus is None:
+            raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
+        _check_output(plot, "--plot")
+    limit = _size(memory_limit, "--memory-limit")
+    if gpus is None:
+        return _size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json)
+    json_rows = []
+    for hw in kinds:
+        profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer,
+                                 call=lambda fn, *a, **k: _call_model_file(Path(model), "profiling", fn, *a, **k))
+        bar, report = _progress_bar(f"{hw.name}:")
+        with bar:
+            result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
+                               distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
+                               or not as_json)
+        if as_json:
+            json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
+        else:
+            _print_tune(model, gpus, hw, global_batch, seq_len, limit or hw.memory_bytes, result)
+        if result.time_limit_hit:
+            left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
+            err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
+                      "planned; the table covers those reached")
+        if not result.top and result.time_limit_hit:
+            raise InputError(f"--time-limit: {time_limit:g} s ran out before any layout of {model} on {gpus} x "
+                             f"{hw.name} was planned")
+        if not result.top:
+            raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
+                             f"{format_bytes(limit or hw.memory_bytes)}, even with full recomputation")
+        if out_dir is not None:
+            if result.best_plan is None:
+                raise InputError(f"--out: HEU found no plan for the best layout {result.top[0].layout.label()}")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            written = tune.write_outputs(result, out_dir)
+            if not as_json:
+                out.print(f"wrote {written[0]} and {written[1]} ({result.top[0].layout.label()}; check with "
+                          f"`lynx check {written[1]}`)")
+        if plot is not None:
+            from .plot import time_memory
+
+            labelled = {id(r) for r in result.top[:5]}
+            points = [{"algo": r.algo, "peak_memory_bytes": r.peak_memory_bytes,
+                       "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+                       "label": r.layout.label() if id(r) in labelled else ""} for r in result.rows if r.fits]
+            time_memory(points, limit or hw.memory_bytes, f"{model} on {gpus} x {hw.name}, global batch "
+                        f"{global_batch}", plot, y="tokens_per_s_per_gpu")
+            if not as_json:
+                out.print(f"wrote {plot}")
+    if as_json:
+        typer.echo(json.dumps(json_rows, indent=1))
+
+
+def _print_tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int, limit: int, result) -> None:
+    title = (f"{model} on {gpus} x {hw.name}, global batch {global_batch} x {seq_len} tokens, "
+             f"limit {format_bytes(limit)}")
+    out.print(_tune_table(title, result, result.best_megatron))
+    meg = result.best_megatron
+    if meg is not None:
+        out.print(f"speedup: over the best Megatron-style configuration, {meg.layout.label()} {meg.algo} "
+                  f"({meg.tokens_per_s_per_gpu:.1f} tok/s/GPU, {meg.iteration_time_s:.3f} s)")
+    out.print(f"{result.enumerated} layouts: {result.planned} planned with HEU and Megatron, {result.megatron_only} "
+              f"with Megatron only, {result.too_big} do not fit even with full recomputation, {result.pruned} skipped "
+              f"(their balanced ideal cannot enter the table); {result.elapsed_s:.1f} s")
+
+
+def _size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int, limit: int | None,
+             time_limit: float | None, distributed_optimizer: bool, as_json: bool) -> None:
+    from rich import box
+
+    from . import tune
+
+    rows = []
+    for hw in kinds:
+        bar, report = _progress_bar(f"{hw.name}:")
+        with bar:
+            sizing = tune.size_up(model, hw, global_batch, seq_len, limit, time_limit=time_limit,
+                                  distributed_optimizer=distributed_optimizer, progress=report)
+        if sizing.fewest_gpus is None:
+            rows.append({"hardware": hw.name, "gpus": None, "fewest": True, "row": None})
+        for n, result in sizing.results:
+            best = result.top[0] if result.top else None
+            rows.append({"hardware": hw.name, "gpus": n, "fewest": n == sizing.fewest_gpus, "row": best})
+    if as_json:
+        typer.echo(json.dumps([{"hardware": r["hardware"], "gpus": r["gpus"], "fewest_gpus": r["fewest"],
+                                **(r["row"].json() if r["row"] else {})} for r in rows], indent=1))
+        return
+    table = Table(title=f"{model}: global batch {global_batch} x {seq_len} tokens; the fewest GPUs that fit, and "
+                  "twice and four times that", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+    for col, just in (("hardware", "left"), ("GPUs", "right"), ("tp×pp×dp", "left"), ("mb×M", "left"),
+                      ("sp", "left"), ("algo", "left"), ("tok/s/GPU", "right"), ("iter s", "right"),
+                      ("GiB", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    for r in rows:
+        best = r["row"]
+        if best is None:
+            table.add_row(r["hardware"], "-" if r["gpus"] is None else str(r["gpus"]), "does not fit", "", "", "",
+                          "", "", "")
+            continue
+        table.add_row(r["hardware"], f"{r['gpus']}{' *' if r['fewest'] else ''}", *_layout_cells(best.layout),
+                      best.algo, f"{best.tokens_per_s_per_gpu:.1f}", f"{best.iteration_time_s:.3f}",
+                      _gib(best.peak_memory_bytes))
+    out.print(table)
+    out.print("* the fewest GPUs (powers of two) on which some layout fits in memory")
+
+
+class Framework(str, Enum):
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+
+
+@command("export")
+def export_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` or `lynx tune`.")],
+    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: job config "
+                                          "settings and the apply_plan call.")],
+    profile: Annotated[Optional[Path], typer.Option(
+        metavar="PROFILE.json", show_default="the plan's profile_path", help="The plan's profile.")] = None,
+) -> None:
+    """Print the launch settings that reproduce a plan's layout and (the nearest) recomputation."""
+    from . import export
+
+    plan = _load_plan(plan_path)
+    prof_path = _plan_profile_path(plan, plan_path, profile)
+    prof = _load_profile(prof_path)
+    if len(plan.stages) != prof.parallel.pp:
+        raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
+                         f"pp {prof.parallel.pp}")
+    if to is Framework.torchtitan:
+        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: job config (TOML)")
+        typer.echo(export.toml(export.torchtitan(plan, prof)))
+        typer.echo(export.TORCHTITAN_APPLY)
+        return
+    got = export.megatron(plan, prof)
+    typer.echo(f"# {plan_path} ({plan.algo}, {plan.predicted.iteration_time_s:.4f} s) for {export.MEGATRON_VERSION}")
+    typer.echo(" \\\n".join(got.flags + (got.recompute.flags if got.recompute else [])))
+    typer.echo("")
+    if got.recompute is None:
+        typer.echo(f"# no Megatron recomputation fits the plan's limit of {format_bytes(plan.memory_limit_bytes)}")
+    else:
+        rc = got.recompute
+        typer.echo(f"# nearest Megatron recomputation within {format_bytes(plan.memory_limit_bytes)}: {rc.name}, "
+                   f"predicted {rc.iteration_time_s:.4f} s ({rc.iteration_time_s / got.plan_time_s:.3f}x the plan's "
+                   f"{got.plan_time_s:.4f} s), peak {format_bytes(rc.peak_memory_bytes)}")
+    for note in got.not_expressible:
+        typer.echo(f"# not expressible in Megatron: {note}")
+    typer.echo("# Megatron's choices on this split: " + "; ".join(
+        f"{c.name} {c.iteration_time_s:.4f} s {_gib(c.peak_memory_bytes)} GiB{'' if c.fits else ' (over)'}"
+        for c in got.choices))
 
 
 # --------------------------------------------------------------------------------------------------------------

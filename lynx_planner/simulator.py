@@ -115,6 +115,7 @@ class StageResult:
     end_s: float
     grad_waits_s: list[float] = field(default_factory=list)  # idle time before each backward, in order
     backward_ends_s: list[float] = field(default_factory=list)  # when each micro-batch's backward finished
+    grad_reduce_exposed_s: float = 0.0  # data-parallel gradient reduction left after the last backward
 
 
 @dataclass
@@ -124,6 +125,7 @@ class SimResult:
     trace: list[dict] = field(default_factory=list)
     # per stage, (micro-batch, global layer) -> (trigger, action) that released its recomputation (when tracing)
     releases: list[dict[tuple[int, int], tuple[str, tuple[str, int]]]] = field(default_factory=list)
+    memory: list[list[tuple[float, int]]] = field(default_factory=list)  # with trace: (time, activation bytes delta)
 
 
 class _Stage:
@@ -305,4 +307,50 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
             raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
-    return SimResult(max(st.t for st in stages), results, events or [], [st.released for st in stages])
+    reduce_gradients(profile, stage_layers, results, events)
+    return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],
+                     memory=[st.mem for st in stages] if trace else [])
+
+
+GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_grad buffers)
+PARAM_BYTES = 2  # the distributed optimizer all-gathers the updated bf16 weights
+
+
+def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], results: list[StageResult],
+                     events: list[dict] | None = None) -> None:
+    """Data parallelism: each stage reduces its gradients over its DP group at the end of the iteration, layer by
+    layer as the last micro-batch's backward finishes them (Megatron's --overlap-grad-reduce; one stream, in
+    backward order), then, with the distributed optimizer, all-gathers its updated weights (exposed). An all-reduce,
+    or a reduce-scatter with the distributed optimizer, over the links the group spans (ranks tp apart, Megatron's
+    order). A layer's gradients are taken as ready when its backward's compute is done, ignoring exposed
+    recomputation of the layers below it in that backward (which would only make them ready earlier). Moves each
+    stage's `end_s` (in place)."""
+    par, hw = profile.parallel, profile.hardware
+    if par.dp == 1:
+        return
+    bus = costs.link(hw, par.tp * par.dp)
+    for s, (runs, r) in enumerate(zip(stage_layers, results)):
+        ready = r.end_s  # the bottom layer's gradients are complete when the last backward ends
+        ready_at = []
+        for run in runs:  # bottom up: a layer is done before the backward of the layers below it
+            ready_at.append(ready)
+            ready -= sum(run.bwd)
+        params = [profile.layers[run.index].params for run in runs]
+        t = 0.0
+        for run, n, at in zip(reversed(runs), reversed(params), reversed(ready_at)):
+            nbytes = GRAD_BYTES * n
+            dt = (costs.all_gather_s(nbytes, par.dp, bus) if par.distributed_optimizer
+                  else costs.all_reduce_s(nbytes, par.dp, bus))
+            start = max(t, at)
+            if events is not None and dt > 0:
+                events.append({"name": f"DP grad L{run.index}", "ph": "X", "pid": s, "tid": "dp collective",
+                               "ts": start * 1e6, "dur": dt * 1e6})
+            t = start + dt
+        if par.distributed_optimizer:
+            gather = costs.all_gather_s(PARAM_BYTES * sum(params), par.dp, bus)
+            if events is not None and gather > 0:
+                events.append({"name": "DP param all-gather", "ph": "X", "pid": s, "tid": "dp collective",
+                               "ts": max(t, r.end_s) * 1e6, "dur": gather * 1e6})
+            t = max(t, r.end_s) + gather
+        r.grad_reduce_exposed_s = max(0.0, t - r.end_s)
+        r.end_s = max(t, r.end_s)

@@ -51,6 +51,8 @@ LYNX_PLACEMENTS = ("layer_above", "on_demand")
 # exposure per second (a Lagrange multiplier on that capacity: 0 fills the pools as memory allows, 1 never pools);
 # each price is one regime, and the stage estimate with the true overflow picks among them.
 POOL_PRICES = (0.0, 0.5)
+SHORT_STEADY = 9  # steady-state micro-batches past the warm-up that a deep pipeline's screening simulates
+FULL_JUDGE_ACTIONS = 4096  # p * M up to which every contender is also judged on the full-length pipeline
 
 
 def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: tuple[str, ...],
@@ -359,13 +361,13 @@ def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
 
 
 def shortened(profile: Profile) -> Profile:
-    """The same pipeline with at most 2p + 1 micro-batches, for the search's screening simulations: stage s still
-    holds min(M, p - s) in flight, so peaks are the same (1F1B), and the steady state repeats, so its period projects
-    the full time (projected_s)."""
+    """The same pipeline with at most 2p + 1 micro-batches (p + SHORT_STEADY when deep), for the search's screening
+    simulations: stage s still holds min(M, p - s) in flight, so peaks are the same (1F1B), and the steady state
+    repeats, so its period projects the full time (projected_s)."""
     par = profile.parallel
     if par.schedule == "gpipe":
         return profile  # GPipe holds every micro-batch at its peak: a shorter pipeline would peak lower
-    m = min(par.num_microbatches, 2 * par.pp + 1)
+    m = min(par.num_microbatches, 2 * par.pp + 1, par.pp + SHORT_STEADY)
     return profile if m == par.num_microbatches else profile.model_copy(
         update={"parallel": par.model_copy(update={"num_microbatches": m})})
 
@@ -469,6 +471,21 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
         return bounds, pols, _simulate(profile, bounds, pols)
     # The contenders are judged on the full pipeline: the shortened one over-weights the warm-up and cool-down, and
     # pooled recomputation carried over between micro-batches can peak later in a longer pipeline (repaired there).
+    # Deep, long pipelines (p * M beyond FULL_JUDGE_ACTIONS) are ranked by their projected time instead, and only the
+    # best that still fits at full length is simulated there: a full simulation costs O(p * M).
+    if short is not profile and p * full_m > FULL_JUDGE_ACTIONS:
+        contenders.sort(key=lambda got: (not got.evaluation.fits(limit), projected_s(got.evaluation, full_m)))
+        best = None
+        for got in contenders:
+            full = _simulate(profile, got.bounds, got.pols)
+            pols = got.pols
+            if not full.fits(limit):
+                pols, full = repair(profile, limit, got.bounds, got.models, got.chosen, got.regimes)
+            if best is None or full.better_than(best[2], limit):
+                best = (got.bounds, pols, full)
+            if full.fits(limit):
+                break
+        return best
     best = None
     for got in contenders:
         pols, full = got.pols, got.evaluation

@@ -1,0 +1,208 @@
+"""`lynx export`: a plan as the launch settings of a training framework.
+
+Megatron-LM: the layout flags, the stage split (`--decoder-first/last-pipeline-num-layers` when only the end stages
+differ, else `--pipeline-model-parallel-layout`) and the nearest recomputation flags: Megatron's built-in choices
+(none, selective core attention, full, block N) simulated on the plan's split, the fastest that fits the plan's
+limit, with what Megatron cannot express and what that costs. torchtitan: the parallelism, training and
+activation-checkpoint settings, and where to call `lynx_planner.apply_plan`.
+
+Checked against Megatron-LM core_v0.19.0 (megatron/training/arguments.py, megatron/core/transformer/
+transformer_config.py; the recompute flags are TransformerConfig fields exposed as --recompute-*) and torchtitan
+v0.2.2 (torchtitan/config/job_config.py: [parallelism], [training], [activation_checkpoint]).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import evaluate as ev
+from .schema import Plan, Profile
+
+MEGATRON_VERSION = "Megatron-LM core_v0.19.0"
+TORCHTITAN_VERSION = "torchtitan v0.2.2"
+
+
+@dataclass
+class MegatronChoice:
+    name: str  # none | selective | full | block N
+    flags: list[str]
+    iteration_time_s: float
+    peak_memory_bytes: int
+    fits: bool
+
+
+@dataclass
+class MegatronExport:
+    flags: list[str]  # layout and split
+    recompute: MegatronChoice | None  # the nearest built-in recomputation that fits (None: none fits)
+    choices: list[MegatronChoice]
+    not_expressible: list[str] = field(default_factory=list)
+    plan_time_s: float = 0.0
+
+
+def _repeated(profile: Profile) -> str:
+    from .solvers.partition import repeated_block
+
+    return repeated_block(profile)
+
+
+def split_flags(profile: Profile, bounds: list[int]) -> list[str]:
+    """Megatron's flags for the plan's stage split (none for its own even split): the first and last stages' layer
+    counts when the stages between are equal, else the layout string (which also places a stage holding no
+    transformer layer)."""
+    from .solvers.partition import even_bounds
+
+    p = len(bounds) - 1
+    if bounds == even_bounds(profile, p) or p == 1:
+        return []
+    rep = _repeated(profile)
+    counts = [sum(profile.layers[i].block == rep for i in range(bounds[s], bounds[s + 1])) for s in range(p)]
+    middle = counts[1:-1]
+    if p > 2 and len(set(middle)) == 1 and min(counts) > 0:
+        flags = []
+        if counts[0] != middle[0]:
+            flags.append(f"--decoder-first-pipeline-num-layers {counts[0]}")
+        if counts[-1] != middle[0]:
+            flags.append(f"--decoder-last-pipeline-num-layers {counts[-1]}")
+        return flags
+    if p == 2 and min(counts) > 0:
+        return [f"--decoder-first-pipeline-num-layers {counts[0]}"]
+    stages = []
+    for s in range(p):
+        parts = []
+        for i in range(bounds[s], bounds[s + 1]):
+            block = profile.layers[i].block
+            parts.append("t" if block == rep else "E" if i < len(profile.layers) // 2 else "L")
+        runs = []
+        for tok in parts:
+            if runs and runs[-1][0] == tok:
+                runs[-1][1] += 1
+            else:
+                runs.append([tok, 1])
+        stages.append(",".join(tok if n == 1 else f"{tok}*{n}" for tok, n in runs))
+    return [f'--pipeline-model-parallel-layout "{"|".join(stages)}"']
+
+
+def _megatron_choices(profile: Profile, bounds: list[int], limit: int) -> list[MegatronChoice]:
+    """Megatron's built-in recomputation on the plan's split, each simulated."""
+    from .solvers import megatron
+
+    n = len(profile.layers)
+    rep = _repeated(profile)
+    per_stage = max(sum(profile.layers[i].block == rep for i in range(bounds[s], bounds[s + 1]))
+                    for s in range(len(bounds) - 1))
+    options = [("none", [], [ev.none_policy(profile, i) for i in range(n)]),
+               ("selective", ["--recompute-granularity selective", "--recompute-modules core_attn"],
+                [megatron._selective(profile, i) if profile.layers[i].block == rep else ev.none_policy(profile, i)
+                 for i in range(n)]),
+               ("full", ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"],
+                megatron._block(profile, bounds, per_stage))]
+    for k in range(1, per_stage):
+        options.append((f"block {k}", ["--recompute-granularity full", "--recompute-method block",
+                                       f"--recompute-num-layers {k}"], megatron._block(profile, bounds, k)))
+    out = []
+    for name, flags, pols in options:
+        e = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
+        out.append(MegatronChoice(name, flags, e.predicted.iteration_time_s, e.peak_bytes, e.fits(limit)))
+    return out
+
+
+def _not_expressible(plan: Plan, profile: Profile) -> list[str]:
+    rep = _repeated(profile)
+    pols = [p for st in plan.stages for p in st.policies if p.block == rep]
+    modes = Counter(p.mode for p in pols for _ in range(*p.layers))
+    placements = Counter(p.at for p in pols for _ in range(*p.layers) if p.recompute)
+    notes = []
+    selective = [p for p in pols if p.mode == "selective"]
+    if selective:
+        kinds = {tuple(p.keep) for p in selective}
+        notes.append(f"{modes['selective']} layers keep op-level subsets ({len(kinds)} distinct keep sets); Megatron's "
+                     "selective granularity only drops whole modules (core_attn, mlp, layernorm, ...)")
+    if modes["selective"] and (modes["full"] or modes["none"]):
+        notes.append("the plan mixes per-layer modes (" + ", ".join(f"{v} {k}" for k, v in sorted(modes.items()))
+                     + "); Megatron applies one granularity to all layers")
+    early = {k: v for k, v in placements.items() if k != "on_demand"}
+    if early:
+        notes.append("recomputation released early (" + ", ".join(f"{v} layers {k}" for k, v in sorted(early.items()))
+                     + ") runs hidden in communication waits; Megatron recomputes on demand, on the critical path")
+    return notes
+
+
+def megatron(plan: Plan, profile: Profile) -> MegatronExport:
+    par = profile.parallel
+    bounds = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
+    flags = [f"--tensor-model-parallel-size {par.tp}", f"--pipeline-model-parallel-size {par.pp}"]
+    if par.sequence_parallel:
+        flags.append("--sequence-parallel")
+    flags += [f"--micro-batch-size {par.micro_batch_size}",
+              f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}",
+              f"--seq-length {par.seq_len}"]
+    cfg = profile.model.config
+    if {"num_layers", "hidden", "heads"} <= set(cfg):
+        flags += [f"--num-layers {cfg['num_layers']}", f"--hidden-size {cfg['hidden']}",
+                  f"--num-attention-heads {cfg['heads']}"]
+        if "ffn_hidden" in cfg:
+            flags.append(f"--ffn-hidden-size {cfg['ffn_hidden']}")
+        flags.append(f"--max-position-embeddings {par.seq_len}")
+    if par.dp > 1:
+        flags.append("--overlap-grad-reduce")
+        if par.distributed_optimizer:
+            flags.append("--use-distributed-optimizer")
+    flags.append("--bf16")  # the profile's 2-byte activations and mixed-precision Adam
+    if profile.attention == "flash":
+        flags.append("--attention-backend flash")
+    flags += split_flags(profile, bounds)
+    choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
+    fitting = [c for c in choices if c.fits]
+    best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
+    return MegatronExport(flags, best, choices, _not_expressible(plan, profile), plan.predicted.iteration_time_s)
+
+
+def _catalog_name(name: str) -> list[str]:
+    """torchtitan's module names for the catalog GPT's (Llama-style) layers."""
+    return {"embedding": ["tok_embeddings"], "lm_head": ["norm", "output"]}.get(name, [name])
+
+
+def torchtitan(plan: Plan, profile: Profile) -> dict[str, dict]:
+    """The TOML sections of a torchtitan job config."""
+    par = profile.parallel
+    catalog = profile.model.source == "catalog"
+    parts = [[n for name in st.layer_names for n in (_catalog_name(name) if catalog else [name])]
+             for st in plan.stages]
+    parallelism = {"tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
+                   "pipeline_parallel_schedule": "GPipe" if par.schedule == "gpipe" else "1F1B",
+                   "pipeline_parallel_microbatch_size": par.micro_batch_size}
+    if par.distributed_optimizer:
+        parallelism["data_parallel_shard_degree"] = par.dp
+    else:
+        parallelism |= {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
+    if par.pp > 1:
+        parallelism["module_fqns_per_model_part"] = parts
+    training = {"local_batch_size": par.micro_batch_size * par.num_microbatches,
+                "global_batch_size": par.micro_batch_size * par.num_microbatches * par.dp, "seq_len": par.seq_len}
+    return {"parallelism": parallelism, "training": training, "activation_checkpoint": {"mode": "none"}}
+
+
+def toml(sections: dict[str, dict]) -> str:
+    import json
+
+    lines = []
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+TORCHTITAN_APPLY = '''\
+# module_fqns_per_model_part uses torchtitan's Llama names (tok_embeddings, layers.N, norm, output) for catalog
+# models; a model file's own module paths otherwise.
+# torchtitan/models/llama3/infra/parallelize.py, in parallelize_llama(model, parallel_dims, job_config):
+# after apply_tp(...) and before apply_compile / apply_fsdp (activation_checkpoint.mode = "none", so apply_ac
+# does not wrap the layers first). Under PP this runs once per model part; the part keeps the model's
+# module paths (layers.N), which the plan's layer_names refer to.
+import lynx_planner
+stage = parallel_dims.get_mesh("pp").get_local_rank() if parallel_dims.pp_enabled else 0
+model = lynx_planner.apply_plan(model, "plan.json", stage=stage)
+'''

@@ -1,0 +1,478 @@
+"""`lynx tune`: from a model, a number of GPUs of one kind and a global batch to the best launch configuration.
+
+Enumerates the parallel layouts Megatron-LM can run (TP within a node dividing the heads, PP up to the number of
+transformer layers, DP = GPUs / (TP x PP), micro-batch size, micro-batch count from the global batch, sequence
+parallelism), discards those that do not fit even with full recomputation, and plans each of the others with
+Megatron's built-in recomputation (full, selective, block) and with HEU, so the layout that wins is the one whose
+recomputation hides best.
+
+Layouts are visited from the fastest balanced ideal down (no recomputation, no transfers, equal stages: a bound that
+no plan of the layout beats), and a layout whose bound cannot enter the table any more is not planned. Searches run
+on a pipeline shortened to at most p + 9 micro-batches (same peaks under 1F1B) and their times are projected to the
+full count by the measured steady-state period; the rows of the table, and the best layout's plan, are then simulated
+on the full pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import evaluate as ev
+from .analytic import bytes_per_param
+from .io import InputError
+from .schema import Hardware, ParallelConfig, Plan, Profile
+from .simulator import block_segments
+
+MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
+MEGATRON_ROWS = MEGATRON + ("none",)  # block with N = 0 is Megatron without recomputation
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    num_microbatches: int
+    sequence_parallel: bool
+
+    def parallel(self, seq_len: int, distributed_optimizer: bool) -> ParallelConfig:
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch_size=self.micro_batch_size,
+                              seq_len=seq_len, num_microbatches=self.num_microbatches,
+                              sequence_parallel=self.sequence_parallel,
+                              distributed_optimizer=distributed_optimizer and self.dp > 1)
+
+    def label(self) -> str:
+        sp = " sp" if self.sequence_parallel else ""
+        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}x{self.num_microbatches}{sp}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# profiles of a model in one layout
+
+
+def is_model_file(model: str) -> bool:
+    return model.endswith(".py") or "/" in model or Path(model).is_file()
+
+
+def build_profile(model: str, par: ParallelConfig, hw: Hardware, attention: str = "flash", dropout: float = 0.0,
+                  method: str = "analytic", device: str = "cpu", progress: bool = False) -> Profile:
+    """The profile of a catalog model (analytic) or a model file (traced by the profiler) in one parallel setup.
+    Raises InputError for bad input; a model file's own exceptions propagate (the CLI reports them)."""
+    if is_model_file(model):
+        if not Path(model).is_file():
+            raise InputError(f"{model}: no such model file")
+        try:
+            from .profiler import profile_model_file
+        except ImportError as e:
+            raise InputError(f"{model}: profiling model files is not available in this installation ({e})") from None
+        return profile_model_file(model, parallel=par, hardware=hw, method=method, device=device,
+                                  attention=attention, progress=progress)
+    from pydantic import ValidationError
+
+    from .analytic import gpt_profile
+    from .models.catalog import MODELS
+
+    if model not in MODELS:
+        raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, or a .py file "
+                         "that builds a PyTorch model)")
+    if method == "measure":
+        raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
+                         "(MODEL.py) to run. Use --method analytic for catalog models.")
+    try:
+        return gpt_profile(MODELS[model], par, hw, attention, dropout)
+    except ValidationError as e:
+        raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
+            from None
+    except ValueError as e:
+        raise InputError(f"{model}: {e}") from None
+
+
+def with_layout(base: Profile, par: ParallelConfig) -> Profile:
+    """A profile traced in the same TP, micro-batch and SP setup, moved to another PP, DP and micro-batch count:
+    only the parallel block and the optimizer-state bytes change."""
+    bpp = bytes_per_param(par)
+    layers = [l.model_copy(update={"static_bytes": int(l.params * bpp)}) for l in base.layers]
+    return base.model_copy(update={"parallel": par, "layers": layers})
+
+
+class Profiles:
+    """Profiles per layout: catalog models are built directly; a model file is traced once per (TP, micro-batch,
+    SP) and moved to each PP and DP."""
+
+    def __init__(self, model: str, hw: Hardware, seq_len: int, distributed_optimizer: bool, dropout: float = 0.0,
+                 call: Callable = lambda fn, *a, **k: fn(*a, **k)):
+        self.model, self.hw, self.seq_len, self.distopt, self.dropout = model, hw, seq_len, distributed_optimizer, \
+            dropout
+        self.call = call  # wraps user code (a model file's failures are bad input)
+        self.traced: dict[tuple, Profile | None] = {}
+
+    def __call__(self, layout: Layout) -> Profile | None:
+        """None if the model cannot be profiled in this layout (TP does not divide it)."""
+        par = layout.parallel(self.seq_len, self.distopt)
+        if not is_model_file(self.model):
+            try:
+                return build_profile(self.model, par, self.hw, dropout=self.dropout)
+            except InputError as e:
+                if "does not divide" in str(e):
+                    return None
+                raise
+        key = (layout.tp, layout.micro_batch_size, layout.sequence_parallel)
+        if key not in self.traced:
+            traced_par = par.model_copy(update={"pp": 1, "dp": 1, "num_microbatches": 1})
+            try:
+                self.traced[key] = self.call(build_profile, self.model, traced_par, self.hw)
+            except InputError as e:
+                if "divide" not in str(e):
+                    raise
+                self.traced[key] = None
+        base = self.traced[key]
+        if base is None or layout.pp > len(base.layers):
+            return None
+        return with_layout(base, par)
+
+
+def model_shape(model: str, profiles: Profiles) -> tuple[int, int | None]:
+    """(transformer layers, attention heads or None when unknown) of the model."""
+    if not is_model_file(model):
+        from .models.catalog import MODELS
+
+        cfg = MODELS[model] if model in MODELS else None
+        if cfg is None:
+            raise InputError(f"MODEL: unknown model {model!r}")
+        return cfg.num_layers, cfg.heads
+    base = profiles(Layout(1, 1, 1, 1, 1, False))
+    if base is None:
+        raise InputError(f"{model}: cannot be profiled on one GPU")
+    from .solvers.partition import repeated_block
+
+    rep = repeated_block(base)
+    heads = base.model.config.get("heads") or base.model.config.get("num_attention_heads")
+    return sum(l.block == rep for l in base.layers), int(heads) if isinstance(heads, (int, float)) else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# layouts
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int
+            ) -> list[Layout]:
+    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch."""
+    out = []
+    for tp in divisors(min(gpus, hw.gpus_per_node)):
+        if gpus % tp or (heads is not None and heads % tp):
+            continue
+        for pp in divisors(gpus // tp):
+            if pp > num_layers:
+                continue
+            dp = gpus // (tp * pp)
+            for mbs in MICRO_BATCH_SIZES:
+                if global_batch % (mbs * dp):
+                    continue
+                m = global_batch // (mbs * dp)
+                for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
+                    out.append(Layout(tp, pp, dp, mbs, m, sp))
+    return out
+
+
+def balanced_ideal_s(profile: Profile) -> float:
+    """(M + p - 1) x W / p: one micro-batch's forward and backward over all layers (W, TP waits included), on p
+    perfectly equal stages, with free transfers, no recomputation and no data-parallel tail: a bound no plan of the
+    layout beats."""
+    work = 0.0
+    for layer in profile.layers:
+        fwd, bwd = block_segments(profile.blocks[layer.block])
+        work += sum(fwd) + sum(bwd)
+    p, m = profile.parallel.pp, profile.parallel.num_microbatches
+    return (m + p - 1) * work / p
+
+
+# --------------------------------------------------------------------------------------------------------------
+# planning one layout
+
+
+@dataclass
+class Row:
+    """One (layout, algorithm) result."""
+
+    layout: Layout
+    algo: str
+    iteration_time_s: float | None
+    peak_memory_bytes: int | None
+    fits: bool
+    tokens_per_s_per_gpu: float | None = None
+    simulated: str = "projected"  # "full": simulated on the full pipeline; "projected": from a shortened one
+    note: str = ""
+    bounds: list[int] = field(default_factory=list, repr=False)
+    policies: list = field(default_factory=list, repr=False)
+
+    def json(self) -> dict:
+        lay = self.layout
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch_size": lay.micro_batch_size,
+                "num_microbatches": lay.num_microbatches, "sequence_parallel": lay.sequence_parallel,
+                "algo": self.algo, "iteration_time_s": self.iteration_time_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "peak_memory_bytes": self.peak_memory_bytes,
+                "fits": self.fits, "time_from": self.simulated, "note": self.note}
+
+
+def short_profile(profile: Profile) -> Profile:
+    from .solvers.heu import shortened
+
+    return shortened(profile)
+
+
+def _row(layout: Layout, algo: str, short: Profile, full_m: int, limit: int, bounds, pols, evaluation,
+         tokens: float, gpus: int) -> Row:
+    from .solvers.heu import projected_s
+
+    fits = evaluation.fits(limit)
+    t = projected_s(evaluation, full_m) if fits else None
+    return Row(layout, algo, t, evaluation.peak_bytes, fits, tokens / t / gpus if t else None,
+               "full" if short.parallel.num_microbatches == full_m else "projected", bounds=bounds, policies=pols)
+
+
+def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpus: int, heu: bool = True
+                ) -> list[Row]:
+    """Rows for Megatron's full, selective and block recomputation (`none` when block needs no layer recomputed) and
+    (if `heu`) HEU on one layout. A layout whose full recomputation does not fit gets one row, `full`, with fits
+    false."""
+    from .solvers import Problem, megatron
+    from .solvers.heu import heu_strategy
+
+    short = short_profile(profile)
+    m = profile.parallel.num_microbatches
+    rows = []
+    for algo in MEGATRON:
+        strategy = megatron.search(Problem(short, limit), algo)
+        stages = ev.stage_plans(short, strategy.bounds, strategy.policies)
+        evaluation = ev.evaluate(short, stages, ideal=False)
+        name = "none" if algo == "block" and not any(p.recompute for p in strategy.policies) else algo
+        rows.append(_row(layout, name, short, m, limit, strategy.bounds, strategy.policies, evaluation, tokens,
+                         gpus))
+        if algo == "full" and not rows[-1].fits:
+            rows[-1].note = "does not fit even with full recomputation"
+            return rows
+    if heu:
+        bounds, pols, evaluation = heu_strategy(short, limit, "auto")
+        rows.append(_row(layout, "heu", short, m, limit, bounds, pols, evaluation, tokens, gpus))
+    return rows
+
+
+def simulate_full(profile: Profile, row: Row, limit: int, tokens: float, gpus: int) -> Row:
+    """The row's plan simulated on the full pipeline (a plan from the shortened one may peak higher there)."""
+    if row.simulated == "full" or not row.fits:
+        return row
+    evaluation = ev.evaluate(profile, ev.stage_plans(profile, row.bounds, row.policies), ideal=False)
+    t = evaluation.predicted.iteration_time_s
+    fits = evaluation.fits(limit)
+    return replace(row, iteration_time_s=t if fits else None, peak_memory_bytes=evaluation.peak_bytes, fits=fits,
+                   tokens_per_s_per_gpu=tokens / t / gpus if fits else None, simulated="full",
+                   note="" if fits else "peaks over the limit on the full pipeline")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the search over layouts
+
+
+@dataclass
+class TuneResult:
+    rows: list[Row]  # every (layout, algorithm) planned, best first
+    top: list[Row]  # the table: the best row per layout, best first, simulated on the full pipeline
+    best_megatron: Row | None
+    best_plan: Plan | None
+    best_profile: Profile | None
+    enumerated: int
+    too_big: int  # layouts that do not fit even with full recomputation
+    planned: int  # layouts planned with HEU and Megatron
+    megatron_only: int  # layouts planned with Megatron only (HEU could not enter the table there)
+    pruned: int  # layouts skipped: their balanced ideal could not enter the table
+    time_limit_hit: bool
+    elapsed_s: float
+
+
+def _rank(rows: list[Row]) -> list[Row]:
+    """Fitting rows, fastest first; on a tie HEU first, then by layout."""
+    return sorted((r for r in rows if r.fits),
+                  key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo != "heu", r.algo))
+
+
+def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
+         time_limit: float | None = None, top: int = 10, distributed_optimizer: bool = True,
+         profiles: Profiles | None = None, progress: Callable[[int, int, str], None] | None = None,
+         make_plan: bool = True) -> TuneResult:
+    """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`."""
+    t0 = time.perf_counter()
+    limit = memory_limit or hw.memory_bytes
+    profiles = profiles or Profiles(model, hw, seq_len, distributed_optimizer)
+    num_layers, heads = model_shape(model, profiles)
+    tokens = global_batch * seq_len
+    candidates = []
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len):
+        prof = profiles(lay)
+        if prof is not None:
+            candidates.append((balanced_ideal_s(prof), lay, prof))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    rows: list[Row] = []
+    too_big = planned = megatron_only = pruned = 0
+    hit = False
+    for i, (bound_s, lay, prof) in enumerate(candidates):
+        if progress:
+            progress(i, len(candidates), lay.label())
+        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+            hit = True
+            break
+        best_possible = tokens / bound_s / gpus
+        ranked = _rank(rows)
+        kth_heu = [r for r in ranked if r.algo == "heu"]
+        meg = [r for r in ranked if r.algo in MEGATRON_ROWS]
+        heu_bar = kth_heu[top - 1].tokens_per_s_per_gpu if len(kth_heu) >= top else 0.0
+        meg_bar = meg[0].tokens_per_s_per_gpu if meg else 0.0
+        if best_possible < min(heu_bar, meg_bar):
+            pruned += 1
+            continue
+        got = plan_layout(prof, lay, limit, tokens, gpus, heu=best_possible >= heu_bar)
+        if len(got) == 1:
+            too_big += 1
+        elif any(r.algo == "heu" for r in got):
+            planned += 1
+        else:
+            megatron_only += 1
+        rows += got
+    if progress:
+        progress(len(candidates), len(candidates), "")
+    top_rows, best_meg, best_plan, best_prof = _finish(rows, profiles, limit, tokens, gpus, top, make_plan)
+    return TuneResult(_rank(rows) + [r for r in rows if not r.fits], top_rows, best_meg, best_plan, best_prof,
+                      len(candidates), too_big, planned, megatron_only, pruned, hit, time.perf_counter() - t0)
+
+
+def _finish(rows: list[Row], profiles: Profiles, limit: int, tokens: float, gpus: int, top: int, make_plan: bool):
+    """The table's rows and the best Megatron row simulated on the full pipeline; the best layout planned with HEU
+    as `lynx plan` would."""
+    by_layout: dict[Layout, Row] = {}
+    for r in _rank(rows):
+        by_layout.setdefault(r.layout, r)
+    table: list[Row] = []
+    for r in list(by_layout.values())[: top + 2]:  # a couple spare: the full pipeline can reorder or drop
+        full = simulate_full(profiles(r.layout), r, limit, tokens, gpus)
+        _replace(rows, r, full)
+        table.append(full)
+    best_meg = None
+    for r in [r for r in _rank(rows) if r.algo in MEGATRON_ROWS][:3]:
+        full = simulate_full(profiles(r.layout), r, limit, tokens, gpus)
+        _replace(rows, r, full)
+        if full.fits and (best_meg is None or full.tokens_per_s_per_gpu > best_meg.tokens_per_s_per_gpu):
+            best_meg = full
+    table = _rank(table)[:top]
+    plan = prof = None
+    if make_plan and table:
+        from .solvers import Infeasible, solve
+
+        prof = profiles(table[0].layout)
+        try:
+            solved = solve(prof, "heu", limit)
+        except Infeasible:
+            solved = None
+        if solved is not None:
+            plan = ev.make_plan(prof, "profile.json", "", "heu", limit, solved.stages, solved.solver,
+                                solved.evaluation)
+            t = plan.predicted.iteration_time_s
+            if table[0].algo == "heu":
+                table[0] = replace(table[0], iteration_time_s=t, peak_memory_bytes=solved.evaluation.peak_bytes,
+                                   tokens_per_s_per_gpu=tokens / t / gpus, simulated="full")
+                _replace(rows, next(r for r in rows if r.layout == table[0].layout and r.algo == "heu"), table[0])
+    return table, best_meg, plan, prof
+
+
+def _replace(rows: list[Row], old: Row, new: Row) -> None:
+    for i, r in enumerate(rows):
+        if r is old:
+            rows[i] = new
+            return
+
+
+def write_outputs(result: TuneResult, out_dir: Path) -> tuple[Path, Path]:
+    """The best layout's profile.json and plan.json (the plan refers to the profile beside it by its sha256)."""
+    import hashlib
+
+    from .io import dumps, write_atomic
+
+    assert result.best_plan is not None and result.best_profile is not None
+    text = dumps(result.best_profile)
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    plan = result.best_plan.model_copy(update={"profile_sha256": sha, "profile_path": "profile.json"})
+    profile_path, plan_path = out_dir / "profile.json", out_dir / "plan.json"
+    write_atomic(profile_path, text)
+    write_atomic(plan_path, dumps(plan))
+    return profile_path, plan_path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# which GPUs, and how many
+
+
+GPU_COUNTS = tuple(2**k for k in range(15))  # 1 .. 16384
+
+
+def fits_somewhere(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int, limit: int,
+                   profiles: Profiles) -> bool:
+    """Does any layout on `gpus` GPUs fit with full recomputation?"""
+    from .solvers import Problem, megatron
+
+    num_layers, heads = model_shape(model, profiles)
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len):
+        prof = profiles(lay)
+        if prof is None:
+            continue
+        short = short_profile(prof)
+        # weights and optimizer state alone already over the limit: no simulation needed
+        if max(ev.static_bytes(short, *b) for b in _even_stage_ranges(short)) > limit:
+            continue
+        strategy = megatron.search(Problem(short, limit), "full")
+        if ev.evaluate(short, ev.stage_plans(short, strategy.bounds, strategy.policies), ideal=False).fits(limit):
+            return True
+    return False
+
+
+def _even_stage_ranges(profile: Profile) -> Iterator[tuple[int, int]]:
+    from .solvers.partition import even_bounds
+
+    b = even_bounds(profile, profile.parallel.pp)
+    return zip(b[:-1], b[1:])
+
+
+@dataclass
+class Sizing:
+    hardware: str
+    fewest_gpus: int | None
+    results: list[tuple[int, TuneResult]]  # (GPUs, tune result) at the fewest and a few sizes above
+
+
+def size_up(model: str, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
+            sizes_above: int = 2, time_limit: float | None = None, distributed_optimizer: bool = True,
+            progress: Callable[[int, int, str], None] | None = None) -> Sizing:
+    """The fewest GPUs (powers of two) of kind `hw` on which the model trains within memory, and the best
+    configuration there and at `sizes_above` doublings above it."""
+    limit = memory_limit or hw.memory_bytes
+    profiles = Profiles(model, hw, seq_len, distributed_optimizer)
+    fewest = None
+    for n in GPU_COUNTS:
+        if n > global_batch * hw.gpus_per_node * 64:
+            break
+        if fits_somewhere(model, n, hw, global_batch, seq_len, limit, profiles):
+            fewest = n
+            break
+    results = []
+    if fewest is not None:
+        for n in (fewest * 2**k for k in range(sizes_above + 1)):
+            results.append((n, tune(model, n, hw, global_batch, seq_len, limit, time_limit, top=1,
+                                    distributed_optimizer=distributed_optimizer, profiles=profiles,
+                                    progress=progress, make_plan=False)))
+    return Sizing(hw.name, fewest, results)
