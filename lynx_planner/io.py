@@ -3,6 +3,7 @@ nothing, content hashes, and the Ctrl-C flag that stops a write after a native s
 
 from __future__ import annotations
 
+import _thread
 import hashlib
 import json
 import math
@@ -11,6 +12,7 @@ import re
 import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
 from typing import TypeVar
 
@@ -205,9 +207,11 @@ def write_atomic(path: str | Path, text: str) -> None:
 
 
 # --- Ctrl-C -------------------------------------------------------------------------------------------------------
-# HiGHS (through pyomo) runs its callbacks in Python: a KeyboardInterrupt raised inside one is swallowed by the
-# native solver, which then returns normally. So the CLI's SIGINT handler also records the interrupt, and every
-# solve result and every write checks the record.
+# HiGHS (through pyomo) holds the interpreter while it solves and runs only its interrupt callbacks in Python, so
+# Ctrl-C's handler runs inside one of those, where a KeyboardInterrupt would be swallowed and HiGHS would solve on to
+# its time limit. So the handler records the interrupt (every solve result and every write checks the record), and
+# when it finds itself inside HiGHS it asks that solver to stop (highspy's cancelSolve, honoured by the callback it
+# interrupted) and raises the KeyboardInterrupt again once Python runs outside the solver.
 
 _interrupted = False
 
@@ -215,7 +219,25 @@ _interrupted = False
 def _on_sigint(signum: int, frame: object) -> None:
     global _interrupted
     _interrupted = True
+    if _stop_native_solver(frame):
+        threading.Timer(0.05, _interrupt_again).start()
+        return
     raise KeyboardInterrupt
+
+
+def _stop_native_solver(frame: object) -> bool:
+    while frame is not None:
+        for value in list(frame.f_locals.values()):  # type: ignore[attr-defined]
+            if type(value).__module__.startswith("highspy") and hasattr(type(value), "cancelSolve"):
+                value.cancelSolve()
+                return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
+
+
+def _interrupt_again() -> None:
+    if signal.getsignal(signal.SIGINT) is _on_sigint:  # still inside the command
+        _thread.interrupt_main(signal.SIGINT)
 
 
 def catch_interrupts() -> object:
