@@ -112,9 +112,9 @@ def _check_refused(suite: Path, tmp_path: Path, baseline: Path, algos: str, need
 
 
 def test_check_refuses_an_empty_baseline(suite, tmp_path):
-    path = tmp_path / "empty.json"
+    path = tmp_path / "base.json"
     path.write_text(json.dumps({"format": bench.BASELINE_FORMAT, "cases": {}}))
-    _check_refused(suite, tmp_path, path, "heu,opt", "empty")
+    _check_refused(suite, tmp_path, path, "heu,opt", "the baseline is empty")
 
 
 def test_check_refuses_a_baseline_lacking_a_case(suite, tmp_path):

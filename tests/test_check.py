@@ -57,8 +57,8 @@ EDITS: list[tuple[str, str, Callable[[dict], None], str]] = [
     ("full relabelled none", "full", lambda d: _policies(d, "full")[0].update(mode="none"), "mode 'none'"),
     ("selective relabelled none", "heu", lambda d: _policies(d, "selective")[0].update(mode="none"), "mode 'none'"),
     ("none relabelled full", "heu", lambda d: _policies(d, "none")[0].update(mode="full"), "mode 'full'"),
-    ("stage indices swapped", "heu", lambda d: (d["stages"][0].update(stage=1), d["stages"][1].update(stage=0)),
-     "stage index"),
+    ("stage indices swapped", "heu", lambda d: [x[i].update(stage=1 - i) for x in (d["stages"], d["predicted"][
+        "stages"]) for i in (0, 1)], "stages[0]: stage index 1, expected 0"),
     ("layer_names swapped", "heu", lambda d: _swap(d["stages"][0]["layer_names"], 1, 2), "layer_names"),
     ("layer_names duplicated", "heu", lambda d: d["stages"][0]["layer_names"].__setitem__(2, "layers.0"),
      "layer_names"),
