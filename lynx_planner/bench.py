@@ -32,7 +32,6 @@ from .evaluate import check as check_plan
 from .evaluate import make_plan
 from .io import (
     InputError,
-    dumps_json as _strict_json,
     file_sha256,
     load_json,
     load_model,
@@ -42,6 +41,7 @@ from .io import (
     same_file,
     write_atomic,
 )
+from .io import dumps_json as _strict_json
 from .schema import Profile
 from .solvers import ALGOS, Infeasible, solve
 from .solvers.candidates import reset_caches
