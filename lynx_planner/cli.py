@@ -616,7 +616,7 @@ def check_cmd(
     """Verify a plan: made for this profile (sha256); stage numbering, layer names and parallel setup are the
     profile's; legal policies whose modes match them; fits memory; every predicted figure and the solver's status
     match a fresh simulation. Prints the simulated figures. Exit 1 with the problems if not."""
-    from .evaluate import TIME_RTOL, verify
+    from .evaluate import TIME_RTOL, Verdict, verify
 
     plan = _load_plan(plan_path)
     prof_path = _plan_profile_path(plan, plan_path, profile)
@@ -626,7 +626,10 @@ def check_cmd(
         out.print(f"{plan_path}: profile_sha256 {plan.profile_sha256[:12]}... does not match {prof_path} "
                   f"({sha[:12]}...): the profile changed since the plan was made; re-run `lynx plan`")
         raise typer.Exit(1)
-    verdict = verify(plan, prof)
+    try:
+        verdict = verify(plan, prof)
+    except (KeyError, IndexError, ValueError) as e:  # a plan too broken for the checks themselves
+        verdict = Verdict([f"the plan does not fit the profile ({type(e).__name__}: {e})"], None)
     if verdict.problems:
         for p in verdict.problems:
             out.print(f"{plan_path}: {p}")

@@ -286,6 +286,8 @@ def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
     if p.mode != mode:
         out.append(f"{where}: mode {p.mode!r}, but its keep and recompute sets make it {mode!r} (the runtime "
                    "acts on mode)")
+    if not rec and p.at != "on_demand":
+        out.append(f"{where}: at={p.at} but nothing is recomputed (a plan writes on_demand there)")
     if rec and p.at != "on_demand" and policy.cost(info, frozenset(keep), tuple(rec)).replays_collective:
         out.append(f"{where}: recomputation repeats a TP collective, so it can only run on demand (at={p.at})")
     return out

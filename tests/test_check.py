@@ -79,6 +79,8 @@ EDITS: list[tuple[str, str, Callable[[dict], None], str]] = [
      "neither kept nor recomputed"),
     ("keep names an unknown op", "heu", lambda d: _policies(d, "selective")[0]["keep"].append(
         "attn.proj:tp_all_reduce#0x"), "does not have"),
+    ("a placement with nothing to recompute", "heu", lambda d: _policies(d, "none")[0].update(at="grad_wait"),
+     "nothing is recomputed"),
     # what a user reads
     ("algo bogus", "heu", lambda d: d.update(algo="bogus"), "not a known algorithm"),
     ("solver.name differs from algo", "heu", lambda d: d["solver"].update(name="opt"), "solver.name"),
