@@ -244,6 +244,8 @@ def catch_interrupts() -> object:
     """Install the recording SIGINT handler (main thread only); returns the previous handler for restore."""
     global _interrupted
     _interrupted = False
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started with SIGINT ignored (nohup, `cmd &`): keep it so
+        return None
     try:
         return signal.signal(signal.SIGINT, _on_sigint)
     except ValueError:  # not the main thread: the default handling stays
