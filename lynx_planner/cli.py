@@ -687,8 +687,9 @@ def bench_cmd(
     baseline: Annotated[Optional[Path], typer.Option(
         show_default="SUITE/baseline.json", help="Quality baseline to check against or update.")] = None,
     check: Annotated[bool, typer.Option(
-        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline, broke memory, or any plan "
-        "failed `lynx check`.")] = False,
+        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the suite's tolerance, not "
+        "the baseline file's), broke memory, or any plan failed `lynx check`. Refused (exit 2) without heu and opt, "
+        "or with a baseline that is empty or lacks a case or an algorithm that runs.")] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="Write the baseline from this run (quality numbers only, no search times).")] = False,
     algos: Annotated[Optional[str], typer.Option(
