@@ -10,13 +10,15 @@ re-checked with `evaluate.check`, and the iteration time, overhead over the idea
 collected. Results go to OUT/bench.md (markdown tables) and OUT/bench.json (everything, search times included).
 
 The baseline (`--update`) holds only the quality numbers (iteration time, peak, fits) so that it is deterministic;
-`--check` fails (exit 1) when a heu or opt plan got more than 0.5 % slower than the baseline, stopped fitting memory,
-or any plan failed `lynx check`. Algorithms whose solver module does not exist yet are reported as missing.
+`--check` fails (exit 1) when a heu or opt plan got more than TOLERANCE (0.5 %) slower than the baseline, stopped
+fitting memory, or any plan failed `lynx check`. A check that could pass without checking is refused (exit 2) before
+the run: it must run heu and opt, and the baseline must hold every case of the suite and every algorithm run. The
+tolerance is this module's, never the baseline file's. Algorithms whose solver module does not exist yet are reported
+as missing.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import traceback
@@ -28,12 +30,24 @@ from rich.table import Table
 
 from .evaluate import check as check_plan
 from .evaluate import make_plan
-from .io import InputError, file_sha256, load_json, load_model, parse_size, write_atomic
+from .io import (
+    InputError,
+    file_sha256,
+    load_json,
+    load_model,
+    output_target,
+    parse_size,
+    raise_if_interrupted,
+    same_file,
+    write_atomic,
+)
+from .io import dumps_json as _strict_json
 from .schema import Profile
 from .solvers import ALGOS, Infeasible, solve
 from .solvers.candidates import reset_caches
 
-TOLERANCE = 0.005  # a heu/opt plan may get this much slower than the baseline before --check fails
+TOLERANCE = 0.005  # a heu/opt plan may get this much slower than the baseline before --check fails (the suite's
+# rule, in code: a baseline file cannot loosen it)
 LYNX = ("heu", "opt")
 BASELINES = tuple(a for a in ALGOS if a not in LYNX)  # none, full, selective, uniform, block, checkmate, adapipe
 SPEEDUP_OVER = ("full", "selective", "uniform", "block", "checkmate", "adapipe")
@@ -82,6 +96,7 @@ def run_algo(profile: Profile, profile_path: Path, sha: str, algo: str, limit: i
     t0 = time.perf_counter()
     try:
         solved = solve(profile, algo, limit, time_limit)
+        raise_if_interrupted()  # HiGHS may have swallowed a Ctrl-C and returned its incumbent
     except ModuleNotFoundError as e:
         return {"status": "missing", "reason": f"no module {e.name or e}"}
     except Infeasible as e:
@@ -203,7 +218,7 @@ def quality(result: dict) -> dict:
             elif r["status"] == "infeasible":
                 entry[algo] = {"fits": False, "iteration_time_s": None, "peak_memory_bytes": r["needed_bytes"]}
         cases[_key(row)] = entry
-    return {"format": BASELINE_FORMAT, "tolerance": TOLERANCE, "cases": cases}
+    return {"format": BASELINE_FORMAT, "cases": cases}
 
 
 def load_baseline(path: Path) -> dict:
@@ -211,12 +226,35 @@ def load_baseline(path: Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT or not isinstance(data.get("cases"), dict):
         raise InputError(f"{path}: field format: not a lynx bench baseline (expected format {BASELINE_FORMAT!r}; "
                          "write one with `lynx bench --update`)")
+    if not data["cases"]:
+        raise InputError(f"{path}: field cases: the baseline is empty, so a check against it would check nothing")
     return data
 
 
+def check_coverage(path: Path, baseline: dict, cases: list[Case], algos: list[str]) -> None:
+    """Refuse a check that could pass without checking: it must run heu and opt, and the baseline must hold every
+    case of the suite with every algorithm that is run."""
+    skipped = [a for a in LYNX if a not in algos]
+    if skipped:
+        raise InputError(f"--check: --algos skips {', '.join(skipped)}; the regression check is about heu and opt, "
+                         "so it must run both")
+    for case in cases:
+        for lim in case.limits:
+            key = f"{case.name} @ {lim}"
+            entry = baseline["cases"].get(key)
+            if not isinstance(entry, dict):
+                raise InputError(f"{path}: field cases: no entry for suite case {key!r} (re-run `lynx bench "
+                                 "--update`)")
+            lacking = [a for a in algos if not isinstance(entry.get(a), dict)]
+            if lacking:
+                raise InputError(f"{path}: field cases.{key}: no result for {', '.join(lacking)}, which this run "
+                                 "runs (re-run `lynx bench --update`)")
+
+
 def violations(result: dict, baseline: dict) -> list[str]:
-    """Reasons the run regressed from the baseline (empty: it did not)."""
-    tol = float(baseline.get("tolerance", TOLERANCE))
+    """Reasons the run regressed from the baseline (empty: it did not). The tolerance is TOLERANCE, whatever the
+    baseline file says."""
+    tol = TOLERANCE
     found = []
     for row in result["cases"]:
         where = f"{row['case']} @ {row['limit']}"
@@ -230,7 +268,11 @@ def violations(result: dict, baseline: dict) -> list[str]:
                 found.append(f"{where}: {algo} plan exceeds the memory limit")
         for algo in LYNX:
             b, r = base.get(algo), row["results"].get(algo)
-            if b is None or r is None:
+            if r is None:
+                found.append(f"{where}: {algo} was not run")
+                continue
+            if b is None:
+                found.append(f"{where}: the baseline has no {algo} result")
                 continue
             if r["status"] == "missing":
                 found.append(f"{where}: {algo} is not available, the baseline has it")
@@ -360,18 +402,32 @@ def print_report(result: dict, console: Console) -> None:
 
 
 def dumps_json(data: dict) -> str:
-    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+    return _strict_json(data, "bench", indent=1, sort_keys=True)
 
 
 def main(suite: Path, baseline: Path | None, check: bool, update: bool, algos: list[str] | None = None,
          out_dir: Path = Path("bench/out"), time_limit: float | None = None, console: Console | None = None) -> int:
     """Run the suite, write the reports, check and/or update the baseline. Returns the exit code."""
     console = console or Console()
+    algos = algos or list(ALGOS)
     baseline = baseline or (suite_file(suite).parent / "baseline.json")
-    base = load_baseline(baseline) if check else None  # fail on a bad baseline before the long run
-    if update and not baseline.parent.is_dir():
-        raise InputError(f"{baseline}: cannot write: directory {baseline.parent} does not exist")
-    result = run_suite(suite, algos or list(ALGOS), time_limit, console)
+    cases = load_suite(suite)  # everything below fails before the long run
+    base = load_baseline(baseline) if check else None
+    if base is not None:
+        check_coverage(baseline, base, cases, algos)
+    inputs = [suite_file(suite)] + [c.path for c in cases] + ([baseline] if check else [])
+    outputs = [out_dir / "bench.md", out_dir / "bench.json"] if out_dir.is_dir() else []
+    if update:
+        if not baseline.parent.is_dir():
+            raise InputError(f"{baseline}: cannot write: directory {baseline.parent} does not exist")
+        outputs.append(baseline)
+        inputs = inputs[:-1] if check else inputs  # --check --update reads the baseline, then replaces it
+    for target in outputs:
+        output_target(target)
+        clash = next((i for i in inputs if same_file(target, i)), None)
+        if clash is not None:
+            raise InputError(f"{target}: it is the input file {clash}; writing it would destroy the input")
+    result = run_suite(suite, algos, time_limit, console)
     print_report(result, console)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 from enum import Enum
@@ -23,13 +24,19 @@ from rich.table import Table
 
 from .io import (
     InputError,
+    catch_interrupts,
     describe_validation,
     dumps,
+    dumps_json,
     file_sha256,
     find_beside,
     format_bytes,
     load_model,
+    output_target,
     parse_size,
+    raise_if_interrupted,
+    restore_interrupts,
+    same_file,
     write_atomic,
 )
 from .schema import Hardware, ParallelConfig, Plan, Profile
@@ -64,12 +71,16 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _guarded(fn: Callable) -> Callable:
-    """Turn bad input into exit 2 with a short message on stderr (set LYNX_DEBUG=1 to see tracebacks)."""
+    """Turn bad input into exit 2 with a short message on stderr (set LYNX_DEBUG=1 to see tracebacks), and Ctrl-C
+    into exit 130, also when a native solver swallowed it (io.catch_interrupts records it)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = catch_interrupts()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            raise_if_interrupted()
+            return result
         except InputError as e:
             if os.environ.get("LYNX_DEBUG"):
                 raise
@@ -81,6 +92,8 @@ def _guarded(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
+        finally:
+            restore_interrupts(previous)
 
     return wrapper
 
@@ -97,17 +110,25 @@ def command(name: str, **kwargs: Any) -> Callable:
 # helpers
 
 
-def _check_output(path: Path, option: str = "-o") -> None:
-    """Fail before any work when the output cannot be written (write_atomic checks again at the end)."""
-    directory = path.parent if str(path.parent) else Path(".")
+def _check_output(path: Path, option: str = "-o", inputs: tuple[Path | str | None, ...] = ()) -> None:
+    """Fail before any work when the output cannot be written (write_atomic checks again at the end): it must be a
+    regular file or a new path in an existing directory, and not one of the command's inputs."""
     if path.is_dir():
         raise InputError(f"{path}: {option} is a directory, expected a file path")
-    if not directory.is_dir():
-        raise InputError(f"{path}: cannot write: directory {directory} does not exist")
+    output_target(path)
+    for given in inputs:
+        if given is not None and same_file(path, given):
+            raise InputError(f"{path}: {option} is the input file {given}; writing it would destroy the input")
 
 
 def _size(text: str | None, option: str) -> int | None:
     return None if text is None else parse_size(text, option)
+
+
+def _seconds(value: float | None, option: str = "--time-limit") -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise InputError(f"{option}: {value} is not a finite number of seconds")
+    return value
 
 
 def _hardware(spec: str) -> Hardware:
@@ -153,11 +174,16 @@ def _algos(text: str | None) -> list[str]:
 
 
 def _call_model_file(path: Path, what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Run user code (a model file): any failure is bad input (exit 2), reported without a traceback."""
+    """Run user code (a model file): any failure is bad input (exit 2), reported without a traceback; so is a model
+    file that exits (sys.exit would otherwise end lynx with the file's own code and no output). Ctrl-C, or a
+    KeyboardInterrupt the file raises, stays an interrupt (exit 130)."""
     try:
         return fn(*args, **kwargs)
     except (InputError, typer.Exit, KeyboardInterrupt):
         raise
+    except SystemExit as e:
+        raise InputError(f"{path}: {what} failed: the model file called sys.exit({e.code!r}) (a model file must "
+                         "build the model and return)") from None
     except Exception as e:  # the model file's own error
         if os.environ.get("LYNX_DEBUG"):
             raise
@@ -237,7 +263,7 @@ def profile_cmd(
         "--use-distributed-optimizer).")] = False,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
-    _check_output(output)
+    _check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
     hw = _hardware(hardware)
@@ -316,7 +342,8 @@ def plan_cmd(
 
     if algo not in solvers.ALGOS:
         raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(solvers.ALGOS)})")
-    _check_output(output)
+    _check_output(output, "-o", (profile_path,))
+    time_limit = _seconds(time_limit)
     profile = _load_profile(profile_path)
     sha = file_sha256(profile_path)
     limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
@@ -324,6 +351,7 @@ def plan_cmd(
         with err.status(f"searching ({algo}) ..."):
             plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,
                                 partition.value if partition else None)
+        raise_if_interrupted()  # HiGHS may have swallowed a Ctrl-C and returned its incumbent
     except ModuleNotFoundError as e:
         raise InputError(f"--algo: {algo!r} is not available in this installation ({e})") from None
     except solvers.Infeasible as e:
@@ -387,6 +415,7 @@ def compare_rows(profile: Profile, algos: list[str], limit: int, time_limit: flo
             t0 = time.perf_counter()
             try:
                 solved = solve(profile, algo, limit, time_limit)
+                raise_if_interrupted()
             except ModuleNotFoundError as e:
                 row.update(available=False, note=f"not available ({e.name or e})")
             except Infeasible as e:
@@ -434,6 +463,7 @@ def compare_cmd(
     if plot is not None:
         _check_output(plot, "--plot")
     names = _algos(algos)
+    time_limit = _seconds(time_limit)
     profile = _load_profile(profile_path)
     limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
     rows = compare_rows(profile, names, limit, time_limit, progress=True)
@@ -442,7 +472,7 @@ def compare_cmd(
             err.print(f"note: {r['algo']}: {r['note']}")
     if as_json:
         keys = ("algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", "fits", "search_time_s")
-        typer.echo(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1))
+        typer.echo(dumps_json([{k: r[k] for k in keys} for r in rows], "--json", indent=1), nl=False)
     else:
         _compare_table(profile_path, profile, limit, rows, verbose)
     if plot is not None:
@@ -535,12 +565,14 @@ def simulate_cmd(
     """Re-simulate a plan: per-stage memory and time, and optionally a timeline trace or picture."""
     from .evaluate import evaluate
 
-    plan = _load_plan(plan_path)
     if trace is not None:
-        _check_output(trace, "--trace")
+        _check_output(trace, "--trace", (plan_path, profile))
     if plot is not None:
-        _check_output(plot, "--plot")
+        _check_output(plot, "--plot", (plan_path, profile))
+    plan = _load_plan(plan_path)
     prof_path = _plan_profile_path(plan, plan_path, profile)
+    if trace is not None:
+        _check_output(trace, "--trace", (plan_path, prof_path))
     prof = _load_profile(prof_path)
     if file_sha256(prof_path) != plan.profile_sha256:
         err.print(f"warning: {prof_path} is not the profile the plan was made for (sha256 differs)")
@@ -553,7 +585,7 @@ def simulate_cmd(
         raise InputError(f"{plan_path}: the plan does not fit the profile {prof_path} ({type(e).__name__}: {e}); "
                          "run `lynx check`") from None
     if trace is not None:
-        write_atomic(trace, json.dumps(chrome_trace(ev.sim.trace, len(plan.stages))) + "\n")
+        write_atomic(trace, dumps_json(chrome_trace(ev.sim.trace, len(plan.stages)), str(trace)))
     if plot is not None:
         from .plot import timeline
 
@@ -563,7 +595,7 @@ def simulate_cmd(
                  f"{ev.predicted.iteration_time_s:.4f} s", plot)
     pred = ev.predicted
     if as_json:
-        typer.echo(json.dumps(pred.model_dump(mode="json"), indent=1))
+        typer.echo(dumps_json(pred.model_dump(mode="json"), "--json", indent=1), nl=False)
         return
     table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left")
     for col in ("stage", "peak GiB", "static GiB", "activations GiB", "busy s", "exposed recompute",
@@ -593,9 +625,10 @@ def check_cmd(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile the plan must be valid for.")]
     = None,
 ) -> None:
-    """Verify a plan: made for this profile (sha256), covers every layer, legal policies, fits memory, and its
-    predicted time matches a fresh simulation. Exit 1 with the problems if not."""
-    from .evaluate import check
+    """Verify a plan: made for this profile (sha256); stage numbering, layer names and parallel setup are the
+    profile's; legal policies whose modes match them; fits memory; every predicted figure and the solver's status
+    match a fresh simulation. Prints the simulated figures. Exit 1 with the problems if not."""
+    from .evaluate import TIME_RTOL, Verdict, verify
 
     plan = _load_plan(plan_path)
     prof_path = _plan_profile_path(plan, plan_path, profile)
@@ -606,16 +639,18 @@ def check_cmd(
                   f"({sha[:12]}...): the profile changed since the plan was made; re-run `lynx plan`")
         raise typer.Exit(1)
     try:
-        problems = check(plan, prof)
-    except (KeyError, IndexError, ValueError) as e:
-        problems = [f"the plan does not fit the profile ({type(e).__name__}: {e})"]
-    if problems:
-        for p in problems:
+        verdict = verify(plan, prof)
+    except (KeyError, IndexError, ValueError) as e:  # a plan too broken for the checks themselves
+        verdict = Verdict([f"the plan does not fit the profile ({type(e).__name__}: {e})"], None)
+    if verdict.problems:
+        for p in verdict.problems:
             out.print(f"{plan_path}: {p}")
         raise typer.Exit(1)
-    peak = max(s.peak_memory_bytes for s in plan.predicted.stages)
-    out.print(f"ok: {plan_path} ({plan.algo}) is valid for {prof_path}: peak {format_bytes(peak)} <= limit "
-              f"{format_bytes(plan.memory_limit_bytes)}, iteration time {plan.predicted.iteration_time_s:.4f} s")
+    sim = verdict.evaluation.predicted  # what is printed is simulated here, never read from the plan
+    out.print(f"ok: {plan_path} ({plan.algo}) is valid for {prof_path}: simulated peak "
+              f"{format_bytes(verdict.evaluation.peak_bytes)} <= limit {format_bytes(plan.memory_limit_bytes)}, "
+              f"iteration time {sim.iteration_time_s:.4f} s (ideal {sim.ideal_iteration_time_s:.4f} s); every "
+              f"predicted figure within {TIME_RTOL:g} (relative) of the simulation, bytes exact")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -664,8 +699,9 @@ def bench_cmd(
     baseline: Annotated[Optional[Path], typer.Option(
         show_default="SUITE/baseline.json", help="Quality baseline to check against or update.")] = None,
     check: Annotated[bool, typer.Option(
-        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline, broke memory, or any plan "
-        "failed `lynx check`.")] = False,
+        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the suite's tolerance, not "
+        "the baseline file's), broke memory, or any plan failed `lynx check`. Refused (exit 2) without heu and opt, "
+        "or with a baseline that is empty or lacks a case or an algorithm that runs.")] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="Write the baseline from this run (quality numbers only, no search times).")] = False,
     algos: Annotated[Optional[str], typer.Option(
@@ -680,7 +716,7 @@ def bench_cmd(
 
     wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)  # CI logs: no squashing
     code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
-                      time_limit=time_limit, console=wide)
+                      time_limit=_seconds(time_limit), console=wide)
     raise typer.Exit(code)
 
 

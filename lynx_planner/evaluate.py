@@ -127,17 +127,103 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
                 stages=stages, predicted=ev.predicted, solver=solver)
 
 
-def check(plan: Plan, profile: Profile, tolerance: float = 1e-6) -> list[str]:
+# `check`'s tolerances. A plan's predicted times must equal a fresh simulation within 1e-6 relative (or 1 ns: the
+# simulator is deterministic, so only float formatting and summation order can differ); byte counts exactly, since
+# the simulator counts whole bytes.
+TIME_RTOL = 1e-6
+TIME_ATOL_S = 1e-9
+# HiGHS's relative MIP gap (solvers/milp.py REL_GAP; a test keeps the two equal): what `optimal` may claim at most.
+SOLVER_REL_GAP = 1e-4
+MILP_ALGOS = ("opt", "checkmate", "adapipe")  # the algorithms that can prove a status other than `heuristic`
+
+
+@dataclass
+class Verdict:
+    problems: list[str]  # empty: the plan is valid for the profile
+    evaluation: Evaluation | None  # the fresh simulation; None when the plan is too broken to simulate
+
+
+def check(plan: Plan, profile: Profile, tolerance: float = TIME_RTOL) -> list[str]:
     """Reasons the plan is not valid for this profile (empty: valid). Re-simulates from scratch."""
-    problems: list[str] = []
+    return verify(plan, profile, tolerance).problems
+
+
+def verify(plan: Plan, profile: Profile, tolerance: float = TIME_RTOL) -> Verdict:
+    """Re-derive everything the plan claims from the profile and a fresh simulation: what the runtime acts on
+    (stage numbering, layer names, parallel setup, modes, keep/recompute sets and their order, placements), what a
+    user reads (every predicted figure, the solver's status and gap), and that every number is finite."""
+    problems = _check_header(plan, profile)
+    structure = _check_structure(plan, profile)
+    if structure:
+        return Verdict(problems + structure, None)
+    try:
+        ev = evaluate(profile, plan.stages)
+    except (KeyError, IndexError, ValueError) as e:
+        return Verdict(problems + [f"the plan does not fit the profile ({type(e).__name__}: {e})"], None)
+    for pred in ev.predicted.stages:
+        if pred.peak_memory_bytes > plan.memory_limit_bytes:
+            problems.append(f"stage {pred.stage}: peak memory {pred.peak_memory_bytes} B exceeds the limit "
+                            f"{plan.memory_limit_bytes} B")
+    problems += _check_predicted(plan.predicted, ev.predicted, tolerance)
+    return Verdict(problems, ev)
+
+
+def _check_header(plan: Plan, profile: Profile) -> list[str]:
+    """Finiteness, algorithm, solver fields, memory limit and parallel setup."""
+    from .io import nonfinite_field
+    from .solvers import ALGOS
+
+    out = []
+    found = nonfinite_field(plan.model_dump(mode="python"))
+    if found:
+        out.append(f"field {found[0]} is {found[1]}: every number of a plan must be finite")
+    if plan.algo not in ALGOS:
+        out.append(f"algo {plan.algo!r} is not a known algorithm ({', '.join(ALGOS)})")
+    sv = plan.solver
+    if sv.name != plan.algo:
+        out.append(f"solver.name {sv.name!r} is not the plan's algo {plan.algo!r}")
+    if plan.algo not in MILP_ALGOS and sv.status != "heuristic":
+        out.append(f"solver.status {sv.status!r}: {plan.algo!r} is a heuristic and proves nothing")
+    if sv.status == "heuristic" and (sv.gap is not None or sv.bound_s is not None):
+        out.append("solver.status 'heuristic' with a gap or bound: a heuristic has neither")
+    if sv.gap is not None and not sv.gap >= 0:
+        out.append(f"solver.gap {sv.gap} is negative")
+    if sv.status == "optimal" and not (sv.gap is not None and sv.gap <= SOLVER_REL_GAP * (1 + 1e-9)):
+        out.append(f"solver.status 'optimal' with gap {sv.gap}: optimal means proven within the solver's relative "
+                   f"tolerance {SOLVER_REL_GAP}")
+    if sv.bound_s is not None and not sv.bound_s >= 0:
+        out.append(f"solver.bound_s {sv.bound_s} is negative")
+    if not sv.search_time_s >= 0:
+        out.append(f"solver.search_time_s {sv.search_time_s} is negative")
+    if plan.memory_limit_bytes <= 0:
+        out.append(f"memory_limit_bytes {plan.memory_limit_bytes} is not positive")
     par = profile.parallel
-    if len(plan.stages) != par.pp:
-        problems.append(f"plan has {len(plan.stages)} stages, the profile's pipeline has {par.pp}")
+    for field in ("tp", "pp", "dp", "num_microbatches", "schedule"):
+        mine, theirs = getattr(plan.parallel, field), getattr(par, field)
+        if mine != theirs:
+            out.append(f"parallel.{field} {mine!r} differs from the profile's {theirs!r}")
+    return out
+
+
+def _check_structure(plan: Plan, profile: Profile) -> list[str]:
+    """Stages numbered 0..pp-1 in order, covering every layer once, with the profile's layer names and legal
+    policies."""
+    problems: list[str] = []
+    if len(plan.stages) != profile.parallel.pp:
+        problems.append(f"plan has {len(plan.stages)} stages, the profile's pipeline has {profile.parallel.pp}")
     expected = 0
-    for st in plan.stages:
-        if st.layers[0] != expected or st.layers[1] <= st.layers[0]:
+    for s, st in enumerate(plan.stages):
+        if st.stage != s:
+            problems.append(f"stages[{s}]: stage index {st.stage}, expected {s} (stages are listed in order)")
+        if st.layers[0] != expected or st.layers[1] <= st.layers[0] or st.layers[1] > len(profile.layers):
             problems.append(f"stage {st.stage}: layers {list(st.layers)} do not continue from layer {expected}")
+            expected = max(expected, st.layers[1])
+            continue
         expected = st.layers[1]
+        names = [profile.layers[i].name for i in range(*st.layers)]
+        if st.layer_names != names:
+            problems.append(f"stage {st.stage}: layer_names {_short(st.layer_names)} are not the profile's "
+                            f"{_short(names)}")
         covered = [i for p in st.policies for i in range(*p.layers)]
         if covered != list(range(*st.layers)):
             problems.append(f"stage {st.stage}: policies cover layers {covered[:3]}..., not {list(st.layers)}")
@@ -147,17 +233,35 @@ def check(plan: Plan, profile: Profile, tolerance: float = 1e-6) -> list[str]:
     if expected != len(profile.layers):
         problems.append(f"plan covers {expected} layers, the profile has {len(profile.layers)}")
     problems += _check_placements(plan, profile)
-    if problems:
-        return problems
-    ev = evaluate(profile, plan.stages)
-    for pred in ev.predicted.stages:
-        if pred.peak_memory_bytes > plan.memory_limit_bytes:
-            problems.append(f"stage {pred.stage}: peak memory {pred.peak_memory_bytes} B exceeds the limit "
-                            f"{plan.memory_limit_bytes} B")
-    t_plan, t_sim = plan.predicted.iteration_time_s, ev.predicted.iteration_time_s
-    if abs(t_plan - t_sim) > tolerance * max(1.0, t_sim):
-        problems.append(f"predicted iteration time {t_plan:.6f} s disagrees with the simulation ({t_sim:.6f} s)")
     return problems
+
+
+def _short(items: list[str]) -> str:
+    return str(items) if len(items) <= 4 else f"[{', '.join(map(repr, items[:3]))}, ... ({len(items)})]"
+
+
+def _check_predicted(claimed: Predicted, sim: Predicted, rtol: float) -> list[str]:
+    """Every predicted figure against the fresh simulation: times within rtol (or 1 ns), bytes exactly."""
+    out = []
+
+    def time(field: str, a: float, b: float) -> None:
+        if not abs(a - b) <= max(rtol * abs(b), TIME_ATOL_S):  # `not <=`: NaN fails
+            out.append(f"predicted {field} {a!r} s disagrees with the simulation ({b:.9g} s)")
+
+    time("iteration_time_s", claimed.iteration_time_s, sim.iteration_time_s)
+    time("ideal_iteration_time_s", claimed.ideal_iteration_time_s, sim.ideal_iteration_time_s)
+    if len(claimed.stages) != len(sim.stages):
+        return out + [f"predicted has {len(claimed.stages)} stages, the plan {len(sim.stages)}"]
+    for s, (c, r) in enumerate(zip(claimed.stages, sim.stages)):
+        if c.stage != r.stage:
+            out.append(f"predicted.stages[{s}]: stage index {c.stage}, expected {r.stage}")
+        for f in ("peak_memory_bytes", "static_bytes", "activation_bytes"):
+            if getattr(c, f) != getattr(r, f):
+                out.append(f"predicted stage {r.stage} {f} {getattr(c, f)} disagrees with the simulation "
+                           f"({getattr(r, f)})")
+        for f in ("busy_time_s", "exposed_recompute_s", "hidden_recompute_s"):
+            time(f"stage {r.stage} {f}", getattr(c, f), getattr(r, f))
+    return out
 
 
 def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
@@ -166,6 +270,8 @@ def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
     for i in range(*p.layers):
         if profile.layers[i].block != p.block:
             return [f"{where}: layer {i} is a {profile.layers[i].block!r}, the policy is for {p.block!r}"]
+    if p.block not in profile.blocks:
+        return [f"{where}: unknown block {p.block!r}"]
     info = policy.analyse(profile.blocks[p.block])
     keep, rec = list(p.keep), list(p.recompute)
     if p.recompute_with is not None:
@@ -174,10 +280,16 @@ def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
             out.append(f"{where}: recompute_with {top} is not a later layer of the stage")
         if keep:
             out.append(f"{where}: a uniform chunk layer keeps nothing but recomputes from the chunk input")
-    why = policy.validate(info, keep, rec)
+    why = policy.validate(info, keep, rec) or _order_problem(info, keep, rec)
     if why:
-        out.append(f"{where}: {why}")
-    elif rec and p.at != "on_demand" and policy.cost(info, frozenset(keep), tuple(rec)).replays_collective:
+        return out + [f"{where}: {why}"]
+    mode = policy.mode_of(info, frozenset(keep), tuple(rec))
+    if p.mode != mode:
+        out.append(f"{where}: mode {p.mode!r}, but its keep and recompute sets make it {mode!r} (the runtime "
+                   "acts on mode)")
+    if not rec and p.at != "on_demand":
+        out.append(f"{where}: at={p.at} but nothing is recomputed (a plan writes on_demand there)")
+    if rec and p.at != "on_demand" and policy.cost(info, frozenset(keep), tuple(rec)).replays_collective:
         out.append(f"{where}: recomputation repeats a TP collective, so it can only run on demand (at={p.at})")
     return out
 
@@ -193,3 +305,17 @@ def _check_placements(plan: Plan, profile: Profile) -> list[str]:
                            f"({par.schedule}, {len(plan.stages)} stages, {par.num_microbatches} micro-batches: no "
                            "forward of another micro-batch right before a backward); use on_demand")
     return out
+
+
+def _order_problem(info: policy.BlockInfo, keep: list[str], rec: list[str]) -> str | None:
+    """The runtime runs `recompute` in the listed order: each op once, after the recomputed ops it reads."""
+    if len(set(rec)) != len(rec):
+        dup = next(o for i, o in enumerate(rec) if o in rec[:i])
+        return f"recompute lists {dup!r} twice"
+    done: set[str] = set()
+    for op in rec:
+        late = [i for i in info.inputs.get(op, ()) if i in rec and i not in done]
+        if late:
+            return f"recompute runs {op!r} before {late[0]!r}, which it reads (not a legal order)"
+        done.add(op)
+    return None

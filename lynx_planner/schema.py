@@ -49,13 +49,20 @@ class Hardware(_Model):
     notes: str = ""
 
 
+# Bounds that fail fast instead of exhausting memory or time: far beyond real training setups, and small enough that
+# a plan stays quick (the simulator's work and memory grow linearly with micro-batches x layers; HEU plans a 13B,
+# pp 4 profile at M = 4096 in about 7 s of CPU and 110 MB; M = 10^7 would need over 100 GB).
+MAX_TP, MAX_PP, MAX_DP = 1024, 1024, 1 << 20
+MAX_MICRO_BATCH_SIZE, MAX_SEQ_LEN, MAX_MICROBATCHES = 4096, 1 << 20, 4096
+
+
 class ParallelConfig(_Model):
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    dp: PositiveInt = 1
-    micro_batch_size: PositiveInt = 1
-    seq_len: PositiveInt = 2048
-    num_microbatches: PositiveInt = 1
+    tp: PositiveInt = Field(1, le=MAX_TP)
+    pp: PositiveInt = Field(1, le=MAX_PP)
+    dp: PositiveInt = Field(1, le=MAX_DP)
+    micro_batch_size: PositiveInt = Field(1, le=MAX_MICRO_BATCH_SIZE)
+    seq_len: PositiveInt = Field(2048, le=MAX_SEQ_LEN)
+    num_microbatches: PositiveInt = Field(1, le=MAX_MICROBATCHES)
     sequence_parallel: bool = False
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     distributed_optimizer: bool = False

@@ -4,7 +4,12 @@ no output file behind (shared/CONTRACT.md)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
+import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -277,3 +282,175 @@ def test_compare_when_nothing_fits(files):
     rows = json.loads(r.stdout)
     assert [row["fits"] for row in rows] == [False, False]
     assert "least needed" in r.stderr and "full" in r.stderr
+
+
+# --- nothing destroyed: outputs only replace regular files, never an input ------------------------------------
+
+
+def test_output_equal_to_an_input_is_refused(files, tmp_path):
+    prof = tmp_path / "p.json"
+    prof.write_bytes(files["profile"].read_bytes())
+    before = prof.read_bytes()
+    run_bad(["plan", prof, "--algo", "full", "-o", prof], None, ("-o", "input"))
+    (tmp_path / "alias.json").symlink_to(prof)
+    run_bad(["plan", prof, "--algo", "full", "-o", tmp_path / "alias.json"], None, "input")
+    run_bad(["plan", tmp_path / "alias.json", "--algo", "full", "-o", prof], None, "input")
+    assert prof.read_bytes() == before
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(files["plan"].read_bytes())
+    plan_bytes = plan.read_bytes()
+    run_bad(["simulate", plan, "--profile", files["profile"], "--trace", plan], None, ("--trace", "input"))
+    run_bad(["simulate", plan, "--profile", prof, "--trace", prof], None, ("--trace", "input"))
+    assert plan.read_bytes() == plan_bytes and prof.read_bytes() == before
+    model = tmp_path / "model.py"
+    model.write_text("raise SystemExit('must not run')\n")
+    run_bad(["profile", model, "-o", model], None, "input")
+    assert model.read_text() == "raise SystemExit('must not run')\n"
+
+
+def test_outputs_never_replace_what_is_not_a_regular_file(files, tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    run_bad(["plan", files["profile"], "--algo", "full", "-o", fifo], None, "not a regular file")
+    run_bad(["simulate", files["plan"], "--trace", fifo], None, "not a regular file")
+    run_bad(["profile", "gpt-1.3b", "-o", fifo], None, "not a regular file")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"], "no temporary file left behind"
+
+
+def test_output_through_a_symlink_replaces_the_file_it_names(files, tmp_path):
+    """A symlink to a regular file is followed (decision: the link stays, the plan lands where it points)."""
+    (tmp_path / "plans").mkdir()
+    target = tmp_path / "plans" / "v1.json"
+    target.write_text("old")
+    link = tmp_path / "plan.json"
+    link.symlink_to(target)
+    r = runner.invoke(app, ["plan", str(files["profile"]), "--algo", "full", "-o", str(link)])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and json.loads(target.read_text())["algo"] == "full"
+    assert sorted(p.name for p in (tmp_path / "plans").iterdir()) == ["v1.json"]
+
+
+def test_written_files_get_the_umasks_mode(files, tmp_path):
+    old = os.umask(0o027)
+    try:
+        new = tmp_path / "new.json"
+        assert runner.invoke(app, ["plan", str(files["profile"]), "--algo", "full", "-o", str(new)]).exit_code == 0
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640
+        kept = tmp_path / "kept.json"
+        kept.write_text("old")
+        kept.chmod(0o604)
+        assert runner.invoke(app, ["plan", str(files["profile"]), "--algo", "full", "-o", str(kept)]).exit_code == 0
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o604, "a replaced file keeps its mode"
+    finally:
+        os.umask(old)
+
+
+# --- limits: fail fast with a message ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option,value", [("--num-microbatches", "10000000"), ("--num-microbatches", "4097"),
+                                          ("--seq-len", "1000000000"), ("--micro-batch-size", "1000000"),
+                                          ("--dp", "100000000"), ("--tp", "100000")])
+def test_sizes_are_bounded(tmp_path, option, value):
+    out = tmp_path / "p.json"
+    t0 = time.process_time()
+    run_bad(["profile", "gpt-1.3b", option, value, "-o", out], out, (option, "less than or equal"))
+    assert time.process_time() - t0 < 5
+
+
+def test_profile_file_with_too_many_microbatches_is_refused_fast(files, tmp_path):
+    data = json.loads(files["profile"].read_text())
+    data["parallel"]["num_microbatches"] = 1_000_000
+    prof = tmp_path / "big.json"
+    prof.write_text(json.dumps(data))
+    out = tmp_path / "plan.json"
+    t0 = time.process_time()
+    run_bad(["plan", prof, "--algo", "heu", "-o", out], out, (str(prof), "parallel.num_microbatches"))
+    run_bad(["compare", prof, "--algos", "full"], None, "parallel.num_microbatches")
+    assert time.process_time() - t0 < 5
+
+
+@pytest.mark.parametrize("size", ["9" * 309, "1" * 400 + "GiB", "9" * 30, "99999999999TiB"])
+def test_huge_sizes_are_input_errors(files, tmp_path, size):
+    out = tmp_path / "plan.json"
+    run_bad(["plan", files["profile"], "--algo", "full", "--memory-limit", size, "-o", out], out,
+            ("--memory-limit", "too large"))
+    run_bad(["compare", files["profile"], "--memory-limit", size, "--algos", "full"], None, "too large")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_time_limit_must_be_finite(files, tmp_path, value):
+    out = tmp_path / "plan.json"
+    run_bad(["plan", files["profile"], "--algo", "opt", "--time-limit", value, "-o", out], out, "--time-limit")
+
+
+# --- model files that exit, and Ctrl-C ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body,code,needle", [("import sys\nsys.exit(0)\n", 2, "sys.exit(0)"),
+                                              ("raise SystemExit(3)\n", 2, "sys.exit(3)"),
+                                              ("raise SystemExit\n", 2, "sys.exit(None)"),
+                                              ("raise KeyboardInterrupt\n", 130, "interrupted")])
+def test_model_file_that_exits(tmp_path, body, code, needle):
+    pytest.importorskip("torch")
+    model = tmp_path / "model.py"
+    model.write_text(body)
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["profile", str(model), "-o", str(out)])
+    assert r.exit_code == code, (r.exit_code, r.output)
+    assert needle in r.stderr and "Traceback" not in r.output, r.stderr
+    if code == 2:
+        assert str(model) in r.stderr
+    assert not out.exists()
+
+
+def _swallowing(real):
+    """A solve that, like HiGHS inside pyomo, swallows the KeyboardInterrupt of a Ctrl-C and returns its result."""
+
+    def solve(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):
+                time.sleep(0.01)  # the handler runs here
+        except KeyboardInterrupt:
+            pass
+        return real(*args, **kwargs)
+
+    return solve
+
+
+def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypatch):
+    from lynx_planner import solvers
+
+    monkeypatch.setattr(solvers, "solve", _swallowing(solvers.solve))
+    out = tmp_path / "plan.json"
+    r = runner.invoke(app, ["plan", str(files["profile"]), "--algo", "full", "-o", str(out)])
+    assert r.exit_code == 130, r.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    r = runner.invoke(app, ["compare", str(files["profile"]), "--algos", "full", "--json"])
+    assert r.exit_code == 130, r.output
+    assert r.stdout.strip() == "", "nothing printed as if the comparison had finished"
+
+
+def test_ctrl_c_during_highs_exits_130_and_writes_nothing(tmp_path):
+    """The real thing: SIGINT while HiGHS solves OPT's MILP (about a minute on this profile), at two moments (two
+    processes side by side), each of which must stop lynx within seconds, with exit 130 and no plan."""
+    root = Path(__file__).resolve().parent.parent
+    prof = root / "profiles" / "gpt-2.7b-a100-80g-nvlink-tp1-pp4-mb2-m8.json"
+    delays, procs = (3.0, 6.0), []
+    for i in range(len(delays)):
+        procs.append(subprocess.Popen([sys.executable, "-m", "lynx_planner.cli", "plan", str(prof), "--algo", "opt",
+                                       "--memory-limit", "15.25GiB", "-o", str(tmp_path / f"plan{i}.json")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root))
+    start = time.monotonic()
+    for proc, delay in zip(procs, delays):
+        time.sleep(max(0.0, start + delay - time.monotonic()))
+        assert proc.poll() is None, "OPT finished before the interrupt"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=90)
+        assert proc.returncode == 130, (delay, proc.returncode, stderr.decode()[-500:])
+        assert b"interrupted" in stderr
+        assert time.monotonic() - t0 < 20, f"interrupt at {delay} s took {time.monotonic() - t0:.0f} s to stop lynx"
+    assert list(tmp_path.iterdir()) == []

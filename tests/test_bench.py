@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -59,22 +60,112 @@ def test_bench_runs_and_writes_reports(suite, tmp_path):
     assert "HEU median search time" in r.stdout
 
 
-def test_update_then_check(suite, tmp_path):
+@pytest.fixture
+def fast_opt(monkeypatch):
+    """OPT's MILP takes seconds per case: these tests are about the baseline's bookkeeping, so `opt` is HEU's plan
+    under OPT's name (the plan still passes `check`)."""
+    real = bench.solve
+
+    def solve(profile, algo, *a, **kw):
+        if algo != "opt":
+            return real(profile, algo, *a, **kw)
+        got = real(profile, "heu", *a, **kw)
+        return dataclasses.replace(got, solver=got.solver.model_copy(update={"name": "opt"}))
+
+    monkeypatch.setattr(bench, "solve", solve)
+
+
+LYNX_AND_BASE = "heu,opt,full,block"
+
+
+def test_update_then_check(suite, tmp_path, fast_opt):
     base = tmp_path / "baseline.json"
-    r = invoke("bench", "--suite", suite, "--algos", ",".join(BASE), "--out", tmp_path / "o1", "--update",
+    r = invoke("bench", "--suite", suite, "--algos", LYNX_AND_BASE, "--out", tmp_path / "o1", "--update",
                "--baseline", base)
     assert r.exit_code == 0, r.output
     first = base.read_bytes()
     data = json.loads(first)
     assert data["format"] == bench.BASELINE_FORMAT
     assert "search_time_s" not in json.dumps(data)  # deterministic: quality numbers only
-    r = invoke("bench", "--suite", suite, "--algos", ",".join(BASE), "--out", tmp_path / "o2", "--update",
+    assert "tolerance" not in data  # the suite's rule, not the baseline's
+    r = invoke("bench", "--suite", suite, "--algos", LYNX_AND_BASE, "--out", tmp_path / "o2", "--update",
                "--baseline", base)
     assert base.read_bytes() == first
-    r = invoke("bench", "--suite", suite, "--algos", ",".join(BASE), "--out", tmp_path / "o3", "--check",
+    r = invoke("bench", "--suite", suite, "--algos", LYNX_AND_BASE, "--out", tmp_path / "o3", "--check",
                "--baseline", base)
     assert r.exit_code == 0, r.output
     assert "ok" in r.stdout
+
+
+def _baseline(suite: Path, tmp_path: Path) -> tuple[Path, dict]:
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(bench.quality(_result_with_lynx(suite))))
+    return path, json.loads(path.read_text())
+
+
+def _check_refused(suite: Path, tmp_path: Path, baseline: Path, algos: str, needle: str) -> None:
+    out = tmp_path / "o"
+    r = invoke("bench", "--suite", suite, "--algos", algos, "--out", out, "--check", "--baseline", baseline)
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert needle in r.stderr, r.stderr
+    assert not out.exists(), "refused before the run"
+
+
+def test_check_refuses_an_empty_baseline(suite, tmp_path):
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({"format": bench.BASELINE_FORMAT, "cases": {}}))
+    _check_refused(suite, tmp_path, path, "heu,opt", "the baseline is empty")
+
+
+def test_check_refuses_a_baseline_lacking_a_case(suite, tmp_path):
+    path, data = _baseline(suite, tmp_path)
+    del data["cases"][sorted(data["cases"])[0]]
+    path.write_text(json.dumps(data))
+    _check_refused(suite, tmp_path, path, "heu,opt,full", "no entry for suite case")
+
+
+def test_check_refuses_a_baseline_lacking_an_algorithm_that_runs(suite, tmp_path):
+    path, data = _baseline(suite, tmp_path)
+    _check_refused(suite, tmp_path, path, "heu,opt,full,uniform", "no result for uniform")  # never in it
+    del data["cases"][sorted(data["cases"])[1]]["opt"]
+    path.write_text(json.dumps(data))
+    _check_refused(suite, tmp_path, path, "heu,opt,full", "no result for opt")
+
+
+@pytest.mark.parametrize("algos", ["none,full", "heu,full", "opt,block"])
+def test_check_refuses_subsets_that_skip_heu_or_opt(suite, tmp_path, algos):
+    path, _ = _baseline(suite, tmp_path)
+    _check_refused(suite, tmp_path, path, algos, "must run both")
+
+
+def test_check_tolerance_is_the_suites_not_the_baselines(suite):
+    result = _result_with_lynx(suite)
+    baseline = {**bench.quality(result), "tolerance": 1.0}  # a baseline file cannot loosen the check
+    slower = copy.deepcopy(result)
+    slower["cases"][0]["results"]["heu"]["iteration_time_s"] *= 1 + 2 * bench.TOLERANCE
+    assert any("heu" in v and "slower" in v for v in bench.violations(slower, baseline))
+
+
+def test_check_reports_lynx_results_absent_from_either_side(suite):
+    result = _result_with_lynx(suite)
+    baseline = bench.quality(result)
+    for entry in baseline["cases"].values():
+        del entry["opt"]
+    assert any("no opt result" in v for v in bench.violations(result, baseline))
+    unrun = copy.deepcopy(result)
+    del unrun["cases"][0]["results"]["heu"]
+    assert any("heu was not run" in v for v in bench.violations(unrun, bench.quality(result)))
+
+
+def test_bench_outputs_never_replace_inputs(suite, tmp_path):
+    r = invoke("bench", "--suite", suite, "--algos", "full", "--out", suite)
+    assert r.exit_code == 0, r.output  # bench.md/bench.json beside suite.json are fine
+    (suite / "bench.md").unlink()
+    (suite / "bench.json").unlink()
+    r = invoke("bench", "--suite", suite, "--algos", "full", "--out", tmp_path / "o", "--update", "--baseline",
+               suite / "suite.json")
+    assert r.exit_code == 2 and "input" in r.stderr, r.output
+    assert json.loads((suite / "suite.json").read_text())[0]["profile"] == "profiles/small.json"
 
 
 def test_default_baseline_is_in_the_suite(suite, tmp_path):
