@@ -68,7 +68,8 @@ def returned(heu_bounds, heu_pols, heu_eval, milp, statuses: list[str], bounds_s
     """The MILP's plan (split, policies, evaluation, MilpResult) unless HEU's simulates better, as a Strategy whose
     status and gap describe the plan returned: `bound_s` the least proven bound of the modelled objective over the
     MILPs solved (`bounds_s`; None if one has none), `gap` the returned plan's simulated time above it relative to that
-    time, `optimal` only for the MILP's own plan proven optimal in the model over all of them."""
+    time, `optimal` only for the MILP's own plan proven optimal in the model over all of them and
+    simulated within the tolerance of the bound (a model error shows as `feasible` with its gap)."""
     use_milp = milp is not None and not heu_eval.better_than(milp[2], limit)
     bounds, pols, evaluation = (milp[0], milp[1], milp[2]) if use_milp else (heu_bounds, heu_pols, heu_eval)
     bound = min(bounds_s) if bounds_s and None not in bounds_s else None
@@ -78,8 +79,9 @@ def returned(heu_bounds, heu_pols, heu_eval, milp, statuses: list[str], bounds_s
         status = "time_limit"
     elif not statuses:
         status = "heuristic"  # no MILP was solved: HEU's plan, nothing proven
-    elif use_milp and bound is not None and milp[3].objective_s - bound <= REL_GAP * milp[3].objective_s:
-        status = "optimal"  # for the MILP's model, over the splits searched
+    elif use_milp and bound is not None and milp[3].objective_s - bound <= REL_GAP * milp[3].objective_s \
+            and gap <= REL_GAP:
+        status = "optimal"  # proven for the MILP's model over the splits searched, and the simulation agrees
     else:
         status = "feasible"
     return Strategy(bounds, pols, status=status, gap=gap, bound_s=bound, source="milp" if use_milp else "heu")
