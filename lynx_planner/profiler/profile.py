@@ -176,16 +176,18 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                 bar.advance(task)
         spread = 0.0
         if method == "measure":
-            times = {}
+            times, spreads = {}, {}
             with _threads(threads):
                 for name, group in groups.items():
                     t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
-                    times[name], s = measure_times(
+                    times[name], s, total = measure_times(
                         [(g.module, g.args, g.kwargs) for g in group], {op.id for op in traces[name].ops},
                         runs=repeats, warmup=2, context=context,
                         advance=lambda t=t: bar.advance(t) if bar else None)
-                    spread = max(spread, s)
+                    spreads[name] = (s, total * len(group))
                 used_threads = torch.get_num_threads()
+            weight = sum(w for _, w in spreads.values())
+            spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
         else:
             times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
     batch, seq, described = _shapes(inputs)
@@ -207,8 +209,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     if method == "measure":
         extra |= {"threads": used_threads, "repeats": repeats, "spread": round(spread, 4)}
         if spread > SPREAD_WARNING:
-            warn(f"{path}: measured times vary by {spread:.0%} between runs (max - min over the median of a block's "
-                 f"{repeats} runs): the machine is busy or too few --repeats; the times are medians")
+            warn(f"{path}: measured times vary by {spread:.0%} between runs (interquartile range over the median of each block's "
+                 f"{repeats} runs, weighted by its share of the time): the machine is busy, or use more --repeats; "
+                 "the times are medians")
     return Profile(model=_model_info(path, model, groups, extra), parallel=parallel, hardware=hardware, method=method,
                    attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers,
                    dtype=model_dtype(model), autocast=autocast)

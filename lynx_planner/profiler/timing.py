@@ -6,8 +6,9 @@ is the work of the backward kernels its autograd node ran in the traced backward
 
 measure: real forward and backward of the block's instances (round robin over the layers of the type), after
 warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
-over runs. The spread of a block is (max - min) / median of its per-run total (forward + backward): on a shared
-machine it says how far to trust the medians. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
+over runs. The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the profile's
+spread is their mean weighted by each block type's share of the model's time (tiny blocks are noisy and matter
+little): on a shared machine it says how far to trust the medians. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
 without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
 """
 
@@ -52,8 +53,9 @@ def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str]
 
 def measure_times(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
                   warmup: int = 2, advance: Callable[[], None] = lambda: None,
-                  context: Callable | None = None) -> tuple[Times, float]:
-    """Median per-op (forward, backward) seconds over `runs` timed runs, and the spread of the per-run totals;
+                  context: Callable | None = None) -> tuple[Times, float, float]:
+    """Median per-op (forward, backward) seconds over `runs` timed runs, the spread of the per-run totals and their
+    median;
     `advance` is called after each run, `context()` wraps each forward (autocast)."""
     samples: list[Times] = []
     for i in range(warmup + runs):
@@ -66,7 +68,8 @@ def measure_times(instances: list[tuple[torch.nn.Module, tuple, dict]], known: s
                   statistics.median(s.get(op, (0.0, 0.0))[1] for s in samples)) for op in known}
     totals = [sum(f + b for f, b in s.values()) for s in samples]
     middle = statistics.median(totals)
-    return times, (max(totals) - min(totals)) / middle if middle > 0 else 0.0
+    q1, _, q3 = statistics.quantiles(totals, n=4) if len(totals) > 1 else (middle, middle, middle)
+    return times, (q3 - q1) / middle if middle > 0 else 0.0, middle
 
 
 def _synchronize(device: torch.device) -> None:
