@@ -165,3 +165,34 @@ def test_measure_threads_repeats_spread(tmp_path):
     assert torch.get_num_threads() == before  # restored after measuring
     r = lynx("profile", GPT, "-o", out, "--threads", "1")
     assert r.exit_code == 2 and "--threads applies to --method measure" in r.output
+
+
+def test_pipeline_example_trains_on_two_processes_with_a_cli_plan(tmp_path):
+    """The README's pipeline example end to end: lynx profile / plan / apply --dry-run from the CLI, then torchrun
+    on 2 processes (gloo) with that plan; and a plan that leaves layers out is refused, not trained without them."""
+    import subprocess
+    import sys
+
+    from lynx_planner import solvers
+
+    prof_path, plan_path = tmp_path / "pipe.json", tmp_path / "plan.json"
+    assert lynx("profile", ROOT / "examples" / "train_gpt_pipeline.py", "--pp", "2", "-o", prof_path).exit_code == 0
+    prof = load_model(prof_path, Profile)
+    full, none = (solvers.solve(prof, a, 1 << 60).evaluation.peak_bytes for a in ("full", "none"))
+    r = lynx("plan", prof_path, "--algo", "heu", "--memory-limit", int(full + 0.3 * (none - full)), "-o", plan_path)
+    assert r.exit_code == 0, r.output
+    r = lynx("apply", plan_path, ROOT / "examples" / "train_gpt_pipeline.py", "--dry-run")
+    assert r.exit_code == 0 and "ran with every stage of the plan applied" in r.output, r.output
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           str(ROOT / "examples" / "train_gpt_pipeline.py"), "--plan", str(plan_path), "--steps", "3"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    losses = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert "stage 0: (0, 1)" in run.stdout and "stage 1: " in run.stdout
+
+    text = plan_path.read_text().replace('"layers.3"', '"layers.9"')
+    (tmp_path / "bad.json").write_text(text)
+    cmd = [sys.executable, str(ROOT / "examples" / "train_gpt_pipeline.py"), "--plan", str(tmp_path / "bad.json")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)  # refused before gloo
+    assert run.returncode != 0 and "a plan made for another model would train without some" in run.stderr
