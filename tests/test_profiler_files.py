@@ -196,3 +196,27 @@ def test_pipeline_example_trains_on_two_processes_with_a_cli_plan(tmp_path):
     cmd = [sys.executable, str(ROOT / "examples" / "train_gpt_pipeline.py"), "--plan", str(tmp_path / "bad.json")]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)  # refused before gloo
     assert run.returncode != 0 and "a plan made for another model would train without some" in run.stderr
+
+
+STATEFUL = """
+    import torch
+    from torch import nn
+
+    class Flaky(nn.Module):  # takes another path on every call: no profile can name the ops training runs
+        def __init__(self):
+            super().__init__()
+            self.lin, self.calls = nn.Linear(8, 8), 0
+
+        def forward(self, x):
+            self.calls += 1
+            return self.lin(x).relu() if self.calls % 2 else self.lin(x).tanh()
+
+    model = nn.Sequential(Flaky(), Flaky())
+    example_inputs = (torch.zeros(2, 8),)
+"""
+
+
+def test_unfaithful_profile_is_refused(tmp_path):
+    r = lynx("profile", write(tmp_path, STATEFUL), "-o", tmp_path / "p.json")
+    assert r.exit_code == 2 and "its forward is not deterministic" in r.output, r.output
+    assert not (tmp_path / "p.json").exists()

@@ -96,6 +96,16 @@ def _group_by_ops(path: str, slots: list[LayerSlot], context) -> None:
         slot.ops = ids
 
 
+def _check_faithful(path: str, slot: LayerSlot, traced: BlockTrace) -> None:
+    """The traced forward ran the ops the layer's earlier forward ran: else the ops depend on more than the
+    arguments (state, caches, randomness in control flow) and a plan could name ops that training never runs."""
+    other = [op.id for op in traced.ops if op.id not in set(slot.ops)]
+    if other:
+        raise InputError(f"{path}: layer {slot.path!r} ran other ops on a second forward with the same arguments "
+                         f"({', '.join(other[:4])}): its forward is not deterministic, so lynx cannot make a "
+                         "profile whose ops training will run")
+
+
 def _check_parallel(path: str, model: torch.nn.Module, traces: dict[str, BlockTrace], par: ParallelConfig,
                     n_layers: int) -> None:
     """The option checks catalog models get: heads divisible by tp, sequence by tp with sp, pp <= layers."""
@@ -172,6 +182,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         for name, group in groups.items():
             traces[name] = _user_code(path, f"tracing layer {group[0].path!r}", trace, group[0].module,
                                       group[0].args, group[0].kwargs, context)
+            _check_faithful(path, group[0], traces[name])
             if bar:
                 bar.advance(task)
         spread = 0.0

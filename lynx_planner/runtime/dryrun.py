@@ -55,7 +55,13 @@ def _overrides(profile: Profile | None) -> dict:
     return {k.removeprefix("override."): v for k, v in profile.model.config.items() if k.startswith("override.")}
 
 
-def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path: str) -> None:
+def _device(profile: Profile | None) -> str:
+    """The device the profile's ops were traced on (op ids can differ by device), where it is available."""
+    device = str(profile.model.config.get("device", "cpu")) if profile is not None else "cpu"
+    return device if device == "cpu" or torch.cuda.is_available() else "cpu"
+
+
+def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path: str, device: str = "cpu") -> None:
     """One training forward and backward of the model file's model (built as profiled: same lynx_model() arguments
     and precision) with every stage of the plan applied: what the first training step would do. Raises
     PlanMismatchError when the plan does not apply, InputError when the model fails."""
@@ -66,7 +72,7 @@ def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path:
     for stage in plan.stages:
         apply_plan(model, plan, stage=stage.stage)
     try:
-        with Precision(plan.dtype, plan.autocast).forward_context("cpu"):
+        with Precision(plan.dtype, plan.autocast).forward_context(device):
             out = model(*inputs)
         grads_of = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if grads_of:
@@ -90,7 +96,8 @@ def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
     profile_path = find_beside(plan.profile_path, plan_path)
     profile = _check_profile(plan, profile_path) if profile_path is not None else None
     _check_stages(plan, len(profile.layers) if profile is not None else None)
-    model, inputs = load_model_file(model_path, dtype=plan.dtype, **_overrides(profile))
+    device = _device(profile)
+    model, inputs = load_model_file(model_path, device=device, dtype=plan.dtype, **_overrides(profile))
     rows = []
     for stage in plan.stages:
         resolve_layers(model, stage)
@@ -104,5 +111,5 @@ def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
             rows.append({"stage": stage.stage, "layer": index, "module": name, "mode": policy.mode,
                          "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at})
     if run:
-        run_with_plan(plan, model, inputs, model_path)
+        run_with_plan(plan, model, inputs, model_path, device)
     return rows
