@@ -346,10 +346,10 @@ def _profile_summary(profile: Profile, path: Path) -> None:
         how = (f"measured on {cfg.get('device')} ({cfg.get('threads')} threads, {cfg.get('repeats')} runs, spread "
                f"{cfg.get('spread', 0):.0%}), planned for {hw.name}" if profile.method == "measure" else
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
-    out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), {_precision(profile)}, "
-              f"{how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, micro-batch "
-              f"{par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, {profile.attention} "
-              f"attention, dropout {profile.dropout}")
+    out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
+              f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
+              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, "
+              f"{profile.attention} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
 

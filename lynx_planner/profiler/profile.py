@@ -220,9 +220,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     if method == "measure":
         extra |= {"threads": used_threads, "repeats": repeats, "spread": round(spread, 4)}
         if spread > SPREAD_WARNING:
-            warn(f"{path}: measured times vary by {spread:.0%} between runs (interquartile range over the median of each block's "
-                 f"{repeats} runs, weighted by its share of the time): the machine is busy, or use more --repeats; "
-                 "the times are medians")
+            warn(f"{path}: measured times vary by {spread:.0%} between runs (interquartile range over the median of "
+                 f"each block's {repeats} runs, weighted by its share of the time): the machine is busy, or use more "
+                 "--repeats; the times are medians")
     return Profile(model=_model_info(path, model, groups, extra), parallel=parallel, hardware=hardware, method=method,
                    attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers,
                    dtype=model_dtype(model), autocast=autocast)

@@ -6,10 +6,11 @@ is the work of the backward kernels its autograd node ran in the traced backward
 
 measure: real forward and backward of the block's instances (round robin over the layers of the type), after
 warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
-over runs. The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the profile's
-spread is their mean weighted by each block type's share of the model's time (tiny blocks are noisy and matter
-little): on a shared machine it says how far to trust the medians. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
+over runs. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
 without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
+The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the
+profile's spread is their mean weighted by each block type's share of the model's time (tiny blocks are noisy and
+matter little): on a shared machine it says how far to trust the medians.
 """
 
 from __future__ import annotations
