@@ -28,7 +28,7 @@ from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
 from .recorder import tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
-from .timing import analytic_times, measure_times
+from .timing import analytic_times, measure_spread
 from .tracing import BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
@@ -191,7 +191,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
             with _threads(threads):
                 for name, group in groups.items():
                     t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
-                    times[name], s, total = measure_times(
+                    times[name], s, total = measure_spread(
                         [(g.module, g.args, g.kwargs) for g in group], {op.id for op in traces[name].ops},
                         runs=repeats, warmup=2, context=context,
                         advance=lambda t=t: bar.advance(t) if bar else None)

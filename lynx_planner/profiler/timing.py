@@ -54,7 +54,14 @@ def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str]
 
 def measure_times(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
                   warmup: int = 2, advance: Callable[[], None] = lambda: None,
-                  context: Callable | None = None) -> tuple[Times, float, float]:
+                  context: Callable | None = None) -> Times:
+    """Median per-op (forward, backward) seconds over `runs` timed runs (see `measure_spread`)."""
+    return measure_spread(instances, known, runs=runs, warmup=warmup, advance=advance, context=context)[0]
+
+
+def measure_spread(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
+                   warmup: int = 2, advance: Callable[[], None] = lambda: None,
+                   context: Callable | None = None) -> tuple[Times, float, float]:
     """Median per-op (forward, backward) seconds over `runs` timed runs, the spread of the per-run totals and their
     median;
     `advance` is called after each run, `context()` wraps each forward (autocast)."""
