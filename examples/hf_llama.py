@@ -2,6 +2,8 @@
 grouped-query attention; no weights are downloaded).
 
 `attention`: 'flash' uses attn_implementation='sdpa' (PyTorch's fused kernel), 'math' the 'eager' implementation.
+Profile it in the precision you train in: `lynx profile FILE --dtype bf16` (model.to(torch.bfloat16)) or
+`--autocast bf16` (fp32 weights under torch.autocast); without either, the fp32 model this file builds.
 """
 
 import torch

@@ -2,6 +2,12 @@
 
     torchrun --nproc-per-node 2 examples/train_gpt_pipeline.py [--plan plan.json | --demo-placements] [--steps 8]
 
+A plan for it from the command line (the model trains in fp32, as `lynx profile` builds it):
+
+    lynx profile examples/train_gpt_pipeline.py --pp 2 -o pipe.json
+    lynx plan pipe.json --algo heu --memory-limit 2500000 -o plan.json
+    lynx apply plan.json examples/train_gpt_pipeline.py --dry-run
+
 By default it profiles this model analytically, plans it with HEU under a memory limit that forces recomputation
 (30% of the way from full recomputation's peak to no recomputation's), applies the plan to each stage and trains.
 --plan takes a plan file instead; --demo-placements a hand-made plan with one placement per layer, to see every
@@ -81,6 +87,10 @@ class PipelineGPT(nn.Module):
             x = layer(x)
         return self.lm_head(x) if self.lm_head is not None else x
 
+    @staticmethod
+    def layer_names() -> list[str]:
+        return ["embedding", *(f"layers.{i}" for i in range(CONFIG.num_layers)), "lm_head"]
+
     def stage_module(self, layer_names: list[str]) -> PipelineGPT:
         """A copy holding only these layers, under the same module paths (what apply_plan resolves)."""
         stage = copy.deepcopy(self)
@@ -140,13 +150,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
     if args.plan:
         plan = load_model(args.plan, Plan)
     else:
         plan = demo_plan(profile()) if args.demo_placements else heu_plan(profile())
+    named = [name for st in plan.stages for name in st.layer_names]
+    if named != PipelineGPT.layer_names():  # stage modules keep only the layers their stage names
+        raise SystemExit(f"{args.plan}: the plan's stages name the layers {named}, this model has "
+                         f"{PipelineGPT.layer_names()}: a plan made for another model would train without some")
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
     if rank == 0:
         for st in plan.stages:
             print(f"stage {st.stage}: " + ", ".join(f"{p.layers}: {p.mode} ({len(p.recompute)} ops, {p.at})"

@@ -228,6 +228,17 @@ class Partition(str, Enum):
     auto = "auto"
 
 
+class Dtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class AutocastDtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
 @command("profile")
 def profile_cmd(
     model: Annotated[str, typer.Argument(
@@ -241,15 +252,20 @@ def profile_cmd(
     pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size (number of stages).")] = 1,
     dp: Annotated[int, typer.Option("--dp", min=1, help="Data-parallel size (shards the distributed optimizer's "
                                     "state).")] = 1,
-    micro_batch_size: Annotated[int, typer.Option(min=1, help="Sequences per micro-batch.")] = 1,
-    seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
+    micro_batch_size: Annotated[Optional[int], typer.Option(
+        min=1, show_default="1; model files: their example inputs'",
+        help="Sequences per micro-batch (model files: passed to lynx_model(batch_size=...)).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(
+        min=1, show_default="2048; model files: their example inputs'",
+        help="Sequence length in tokens (model files: passed to lynx_model(seq_len=...)).")] = None,
     num_microbatches: Annotated[Optional[int], typer.Option(
         min=1, show_default="2·pp", help="Micro-batches per iteration (gradient accumulation steps).")] = None,
     sequence_parallel: Annotated[bool, typer.Option(
         "--sequence-parallel", help="Megatron sequence parallelism (needs --tp > 1).")] = False,
-    attention: Annotated[Attention, typer.Option(
+    attention: Annotated[Optional[Attention], typer.Option(
+        show_default="flash; model files: as built",
         help="flash: store only what a fused attention kernel keeps; math: also the softmax output and dropout "
-             "mask, as Megatron's core attention does.")] = Attention.flash,
+             "mask, as Megatron's core attention does (model files: passed to lynx_model(attention=...)).")] = None,
     dropout: Annotated[float, typer.Option(
         help="Dropout probability of catalog models, in [0, 1); 0 means no dropout masks.")] = 0.0,
     method: Annotated[Method, typer.Option(
@@ -257,6 +273,16 @@ def profile_cmd(
              "on --device.")] = Method.analytic,
     device: Annotated[Device, typer.Option(help="Device that runs a model file's trace or measurement.")]
     = Device.cpu,
+    dtype: Annotated[Optional[Dtype], typer.Option(
+        show_default="the weights' dtype as the model file builds them",
+        help="Training precision of a model file's weights: the model is converted with model.to(dtype).")] = None,
+    autocast: Annotated[Optional[AutocastDtype], typer.Option(
+        help="Run a model file's forward under torch.autocast in this dtype (fp32 weights: the usual mixed "
+             "precision recipe).")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, show_default="torch's default", help="--method measure: CPU threads of the measured runs.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(
+        min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
@@ -266,20 +292,27 @@ def profile_cmd(
     _check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
+    if method is not Method.measure and (threads is not None or repeats is not None):
+        raise InputError(f"{'--threads' if threads is not None else '--repeats'} applies to --method measure only")
     hw = _hardware(hardware)
     try:
-        par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, seq_len=seq_len,
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
                              schedule=schedule.value, distributed_optimizer=distributed_optimizer)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
-    from .tune import build_profile, is_model_file
+    from .build import build_profile, is_model_file
 
     if is_model_file(model) and dropout:
         err.print("note: --dropout applies to catalog models; a model file's own dropout modules are profiled")
-    profile = _call_model_file(Path(model), "profiling", build_profile, model, par, hw, attention.value, dropout,
-                               method.value, device.value, progress=True)
+    overrides = {k: v for k, v in (("batch_size", micro_batch_size), ("seq_len", seq_len)) if v is not None}
+    profile = _call_model_file(Path(model), "profiling", build_profile, model, par, hw,
+                               attention=attention.value if attention else None, dropout=dropout,
+                               method=method.value, device=device.value, overrides=overrides,
+                               dtype=dtype.value if dtype else None, autocast=autocast.value if autocast else None,
+                               threads=threads, repeats=repeats or 5, progress=True,
+                               warn=lambda message: err.print(f"warning: {message}"))
     write_atomic(output, dumps(profile))
     _profile_summary(profile, output)
 
@@ -294,14 +327,29 @@ def _option_errors(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _precision(profile: Profile) -> str:
+    if profile.autocast:
+        return f"fp32 weights, {profile.autocast} autocast"
+    return f"{profile.dtype} weights" if profile.dtype else "bf16 (analytic)"
+
+
 def _profile_summary(profile: Profile, path: Path) -> None:
     par, hw = profile.parallel, profile.hardware
     params = profile.model.params
+    cfg = profile.model.config
     size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
-    out.print(f"wrote {path}: {profile.model.name} ({size} params, "
-              f"{len(profile.layers)} layers) on {hw.name} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} "
-              f"dp {par.dp}, micro-batch {par.micro_batch_size} x {par.num_microbatches}, seq {par.seq_len}, "
-              f"{par.schedule}, {profile.attention} attention, dropout {profile.dropout}, {profile.method}")
+    if profile.model.source == "catalog":
+        shapes = f"seq {par.seq_len}"
+        how = f"{profile.method} on {hw.name}"
+    else:  # what was really run: the device, precision and example inputs of the model file
+        shapes = f"inputs {cfg.get('inputs', '?')}"
+        how = (f"measured on {cfg.get('device')} ({cfg.get('threads')} threads, {cfg.get('repeats')} runs, spread "
+               f"{cfg.get('spread', 0):.0%}), planned for {hw.name}" if profile.method == "measure" else
+               f"traced on {cfg.get('device')}, times analytic for {hw.name}")
+    out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
+              f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
+              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, "
+              f"{profile.attention} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
 
@@ -686,6 +734,11 @@ def apply_cmd(
 
         table.add_row(*(cell(k) for k in ("stage", "layer", "module", "mode", "keep", "recompute", "at")))
     out.print(table)
+    plan = _load_plan(plan_path)
+    precision = (f"fp32 weights under {plan.autocast} autocast" if plan.autocast else
+                 f"{plan.dtype} weights" if plan.dtype else "the weights as built")
+    out.print(f"ok: a training forward and backward of {model_path} ran with every stage of the plan applied "
+              f"({precision})")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ BLOCK_INPUT = "input"
 Placement = Literal["on_demand", "layer_above", "grad_wait", "prev_forward"]
 PLACEMENTS: tuple[str, ...] = ("on_demand", "layer_above", "grad_wait", "prev_forward")
 
+# Training precision: the weights' dtype, and the dtype of autocast over fp32 weights.
+Dtype = Literal["fp32", "bf16", "fp16"]
+Autocast = Literal["bf16", "fp16"]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
@@ -150,6 +154,9 @@ class Profile(_Model):
     blocks: dict[str, Block]
     layers: list[Layer] = Field(min_length=1)
     extra_static_bytes: int = Field(0, ge=0, description="per-rank buffers outside the layers (framework, NCCL)")
+    dtype: Dtype | None = Field(None, description="training precision of the weights the profile was made in "
+                                "(model files; None: not recorded)")
+    autocast: Autocast | None = Field(None, description="autocast dtype of the forward (fp32 weights), or None")
 
     @model_validator(mode="after")
     def _check_layers(self) -> Profile:
@@ -226,3 +233,5 @@ class Plan(_Model):
     stages: list[StagePlan]
     predicted: Predicted
     solver: SolverInfo
+    dtype: Dtype | None = Field(None, description="the profile's weight precision; apply_plan refuses others")
+    autocast: Autocast | None = Field(None, description="the profile's autocast dtype; apply_plan refuses others")

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 from . import evaluate as ev
 from .analytic import bytes_per_param
+from .build import build_profile, is_model_file
 from .io import InputError
 from .schema import Hardware, ParallelConfig, Plan, Profile
 from .simulator import block_segments
@@ -53,43 +54,6 @@ class Layout:
 
 # --------------------------------------------------------------------------------------------------------------
 # profiles of a model in one layout
-
-
-def is_model_file(model: str) -> bool:
-    return model.endswith(".py") or "/" in model or Path(model).is_file()
-
-
-def build_profile(model: str, par: ParallelConfig, hw: Hardware, attention: str = "flash", dropout: float = 0.0,
-                  method: str = "analytic", device: str = "cpu", progress: bool = False) -> Profile:
-    """The profile of a catalog model (analytic) or a model file (traced by the profiler) in one parallel setup.
-    Raises InputError for bad input; a model file's own exceptions propagate (the CLI reports them)."""
-    if is_model_file(model):
-        if not Path(model).is_file():
-            raise InputError(f"{model}: no such model file")
-        try:
-            from .profiler import profile_model_file
-        except ImportError as e:
-            raise InputError(f"{model}: profiling model files is not available in this installation ({e})") from None
-        return profile_model_file(model, parallel=par, hardware=hw, method=method, device=device,
-                                  attention=attention, progress=progress)
-    from pydantic import ValidationError
-
-    from .analytic import gpt_profile
-    from .models.catalog import MODELS
-
-    if model not in MODELS:
-        raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, or a .py file "
-                         "that builds a PyTorch model)")
-    if method == "measure":
-        raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
-                         "(MODEL.py) to run. Use --method analytic for catalog models.")
-    try:
-        return gpt_profile(MODELS[model], par, hw, attention, dropout)
-    except ValidationError as e:
-        raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
-            from None
-    except ValueError as e:
-        raise InputError(f"{model}: {e}") from None
 
 
 def with_layout(base: Profile, par: ParallelConfig) -> Profile:

@@ -126,7 +126,7 @@ def test_profile_model_file_uses_profiler(tmp_path, monkeypatch):
 
     def profile_model_file(path, **kw):
         calls.update(kw, path=path)
-        return gpt_profile(MODELS["gpt-1.3b"], kw["parallel"], kw["hardware"], kw["attention"])
+        return gpt_profile(MODELS["gpt-1.3b"], kw["parallel"], kw["hardware"], kw["attention"] or "flash")
 
     monkeypatch.setitem(sys.modules, "lynx_planner.profiler",
                         types.SimpleNamespace(profile_model_file=profile_model_file))
@@ -136,7 +136,8 @@ def test_profile_model_file_uses_profiler(tmp_path, monkeypatch):
     r = lynx("profile", model, "--tp", "2", "--pp", "2", "--method", "measure", "--device", "cpu", "-o", out)
     assert r.exit_code == 0, r.output
     assert calls["path"] == str(model) and calls["method"] == "measure" and calls["device"] == "cpu"
-    assert calls["parallel"].tp == 2 and calls["attention"] == "flash" and calls["progress"] is True
+    # a model file gets --attention (and --seq-len, --micro-batch-size) only when given: it may not take them
+    assert calls["parallel"].tp == 2 and calls["attention"] is None and calls["progress"] is True
     assert out.is_file()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import between, small_profile
 from typer.testing import CliRunner
 
 from lynx_planner import evaluate as ev
@@ -12,8 +13,6 @@ from lynx_planner import export, solvers
 from lynx_planner.cli import app
 from lynx_planner.io import dumps
 from lynx_planner.solvers.partition import even_bounds
-
-from conftest import between, small_profile
 
 runner = CliRunner()
 

@@ -4,7 +4,6 @@ import textwrap
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from lynx_planner.io import InputError
 from lynx_planner.profiler import load_model_file
@@ -26,15 +25,37 @@ def test_lynx_model_gets_accepted_overrides(tmp_path):
     assert isinstance(module, torch.nn.Linear) and inputs[0].shape == (7, 3)
 
 
-def test_module_level_fallback_under_fake_mode(tmp_path):
+def test_module_level_fallback_converted_like_training(tmp_path):
+    """model.to(dtype) converts parameters and floating buffers (an fp32 table included) and floating inputs; the
+    default dtype is never changed, so the file builds what it builds in training."""
+    path = write(tmp_path, """
+        import torch
+        assert torch.get_default_dtype() == torch.float32
+        model = torch.nn.Linear(3, 3)
+        model.register_buffer("table", torch.arange(4).float())
+        example_inputs = (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    """)
+    module, inputs = load_model_file(path, dtype="bf16")
+    assert module.weight.dtype == module.table.dtype == inputs[0].dtype == torch.bfloat16
+    assert inputs[1].dtype == torch.long and torch.get_default_dtype() == torch.float32
+    module, inputs = load_model_file(path)
+    assert module.weight.dtype == inputs[0].dtype == torch.float32
+
+
+def test_module_level_fallback_refuses_overrides_it_cannot_take(tmp_path):
     path = write(tmp_path, """
         import torch
         model = torch.nn.Linear(3, 3)
         example_inputs = (torch.zeros(2, 3),)
     """)
-    module, inputs = load_model_file(path, fake_mode=FakeTensorMode(), dtype=torch.bfloat16)
-    assert isinstance(module.weight, FakeTensor) and module.weight.dtype == torch.bfloat16
-    assert torch.get_default_dtype() == torch.float32
+    load_model_file(path, seq_len=7)  # not asked for explicitly: ignored
+    with pytest.raises(InputError, match="does not accept seq_len .*module-level model/example_inputs"):
+        load_model_file(path, strict=("seq_len",), seq_len=7)
+
+
+def test_sys_exit_in_model_file(tmp_path):
+    with pytest.raises(InputError, match="called sys.exit\\(0\\)"):
+        load_model_file(write(tmp_path, "import sys\nsys.exit(0)\n"))
 
 
 def test_missing_file(tmp_path):
@@ -72,4 +93,4 @@ def test_required_override(tmp_path):
             return torch.nn.Linear(3, 3), (torch.zeros(2, 3),)
     """)
     with pytest.raises(InputError, match="does not accept attention"):
-        load_model_file(path, required=("attention",), attention="math")
+        load_model_file(path, strict=("attention",), attention="math")

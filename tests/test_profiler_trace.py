@@ -1,5 +1,7 @@
 """The fake trace of the reference GPT block agrees with the analytic profile and with a real forward."""
 
+import contextlib
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -9,13 +11,23 @@ from lynx_planner.models.catalog import GPTConfig
 from lynx_planner.models.gpt_block import GPTBlock
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.profiler import trace_block
-from lynx_planner.profiler.loading import default_dtype
 from lynx_planner.profiler.memory import saved_bytes_after_forward
 from lynx_planner.profiler.timing import analytic_times
 from lynx_planner.profiler.tracing import to_block, trace
 
 H100 = HARDWARE["h100-80g-nvlink"]
 S, B, HID, HEADS = 128, 2, 256, 4
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """`module.to(dtype)` fails under FakeTensorMode: this unit test builds lynx's own block in the dtype instead."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def fake_block(attention: str, dropout: float) -> tuple[GPTBlock, torch.Tensor]:

@@ -18,8 +18,14 @@ class Model(nn.Module):
         super().__init__()
         self.embedding = nn.Module()
         self.embedding.embed = nn.Embedding(128, 64)
-        self.layers = nn.ModuleList(GPTBlock(64, 4, 32) for _ in range(n))
+        self.layers = nn.ModuleList(GPTBlock(64, 4, 32, dropout={dropout}) for _ in range(n))
         self.lm_head = nn.Linear(64, 128)
+
+    def forward(self, tokens):
+        x = self.embedding.embed(tokens.t())
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(x)
 
 def lynx_model():
     return Model({n}), (torch.zeros(1, 32, dtype=torch.long),)
@@ -28,12 +34,13 @@ STAGES = [[Spec("none"), Spec("full", "layer_above"), Spec("selective", "grad_wa
           [Spec("selective", "prev_forward"), Spec("full"), Spec("none")]]
 
 
-def _files(tmp_path, n_model_layers: int = 4, stages=STAGES, profile_layers: int = 4):
+def _files(tmp_path, n_model_layers: int = 4, stages=STAGES, profile_layers: int = 4, dropout: float = 0.1):
     profile = tiny_profile(profile_layers)
     (tmp_path / "profile.json").write_text(dumps(profile))
     plan = plan_from_policies(profile, stages, first_layer=0, profile_sha256=file_sha256(tmp_path / "profile.json"))
     (tmp_path / "plan.json").write_text(dumps(plan))
-    (tmp_path / "model.py").write_text(MODEL_FILE.replace("{n}", str(n_model_layers)))
+    (tmp_path / "model.py").write_text(MODEL_FILE.replace("{n}", str(n_model_layers)).replace("{dropout}",
+                                                                                               str(dropout)))
     return str(tmp_path / "plan.json"), str(tmp_path / "model.py")
 
 
@@ -71,3 +78,11 @@ def test_unknown_op(tmp_path):
 def test_layer_ranges_must_cover_the_profile(tmp_path):
     with pytest.raises(InputError, match="the stages cover 5 layers, the profile has 6"):
         dry_run(*_files(tmp_path, stages=[STAGES[0], STAGES[1][:2]]))
+
+
+def test_forward_with_the_plan_catches_ops_the_model_does_not_run(tmp_path):
+    """Module paths and op ids match the profile, but the model file's layers have no dropout: only running the
+    forward with the plan applied finds that the plan's dropout ops never run."""
+    with pytest.raises(InputError, match="the plan names ops its forward never runs: attn_dropout:native_dropout#0"):
+        dry_run(*_files(tmp_path, dropout=0.0))
+    assert dry_run(*_files(tmp_path, dropout=0.0), run=False)  # the static checks alone pass it

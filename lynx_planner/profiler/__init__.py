@@ -1,4 +1,4 @@
-"""Profiles of real PyTorch models: `lynx profile path/to/model.py` (see docs/profiling.md)."""
+"""Profiles of real PyTorch models: `lynx profile path/to/model.py` (see the README, "Profiling your own model")."""
 
 from .loading import load_model_file
 from .profile import profile_model_file

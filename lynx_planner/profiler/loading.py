@@ -1,8 +1,13 @@
-"""Imports a user's model file and builds the model it defines.
+"""Imports a user's model file and builds the model it defines, converted to the training precision.
 
 Convention: the file defines `lynx_model(**overrides) -> (module, example_inputs)`, `example_inputs` a tuple of
 positional arguments of `module.forward`; or, as a fallback, module-level `model` and `example_inputs`. Overrides
-are passed only where `lynx_model` accepts them (by name, or through **kwargs).
+are passed only where `lynx_model` accepts them (by name, or through **kwargs); an override the user asked for
+explicitly (`strict`) that the file cannot take is an error naming it.
+
+The model is built exactly as the file builds it (never under a changed default dtype), then moved to the device and
+converted the way training converts it: `model.to(dtype)` (parameters and floating buffers) and floating example
+inputs alike; autocast is applied around forwards by the caller (see `Precision`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,39 @@ import inspect
 import sys
 import traceback
 import uuid
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..io import InputError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The training precision: the weights' dtype (None: as the file builds them) and an optional autocast dtype."""
+
+    dtype: str | None = None
+    autocast: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.autocast is not None and self.autocast not in ("bf16", "fp16"):
+            raise InputError(f"--autocast must be bf16 or fp16, not {self.autocast!r}")
+        if self.autocast is not None and self.dtype not in (None, "fp32"):
+            raise InputError(f"--autocast {self.autocast} runs fp32 weights under autocast; it cannot be combined "
+                             f"with --dtype {self.dtype}")
+
+    def forward_context(self, device: str | torch.device) -> contextlib.AbstractContextManager:
+        """What the training forward runs under (autocast, or nothing)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        kind = torch.device(device).type
+        return torch.autocast(kind, dtype=DTYPES[self.autocast])
 
 
 def user_error(path: Path, exc: BaseException) -> InputError:
@@ -28,18 +60,6 @@ def user_error(path: Path, exc: BaseException) -> InputError:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() == path]
     where = f"{path}:{frames[-1].lineno}" if frames else str(path)
     return InputError(f"{where}: {type(exc).__name__}: {exc}")
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
-    """Under FakeTensorMode `module.to(dtype)` fails, so the model is built in the wanted default dtype instead."""
-    old = torch.get_default_dtype()
-    if dtype is not None:
-        torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def _import(path: Path) -> object:
@@ -56,21 +76,25 @@ def _import(path: Path) -> object:
 
 
 def accepted(fn: object, overrides: dict) -> dict:
-    """The overrides `fn` accepts."""
+    """The overrides `fn` accepts (by name or through **kwargs)."""
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return dict(overrides)
-    return {k: v for k, v in overrides.items() if k in params}
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in overrides.items() if k in named}
 
 
-def _build(path: Path, overrides: dict, required: tuple[str, ...]) -> tuple[torch.nn.Module, tuple]:
+def _build(path: Path, overrides: dict, strict: tuple[str, ...]) -> tuple[torch.nn.Module, tuple]:
     user = _import(path)
     fn = getattr(user, "lynx_model", None)
-    missing = [k for k in required if k in overrides and not (callable(fn) and k in accepted(fn, overrides))]
+    takes = accepted(fn, overrides) if callable(fn) else {}
+    missing = [k for k in strict if k in overrides and k not in takes]
     if missing:
-        raise InputError(f"{path}: the model file does not accept {', '.join(missing)} (add it to lynx_model())")
+        where = "lynx_model()" if callable(fn) else "its module-level model/example_inputs"
+        raise InputError(f"{path}: the model file does not accept {', '.join(missing)} (it is fixed by {where}; "
+                         f"add the parameter to lynx_model() or leave the option out)")
     if callable(fn):
-        result = fn(**accepted(fn, overrides))
+        result = fn(**takes)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise InputError(f"{path}: lynx_model() must return (module, example_inputs)")
         module, inputs = result
@@ -83,21 +107,44 @@ def _build(path: Path, overrides: dict, required: tuple[str, ...]) -> tuple[torc
     return module, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
-def load_model_file(path: str | Path, *, fake_mode: object | None = None, dtype: torch.dtype | None = None,
-                    required: tuple[str, ...] = (), **overrides: object) -> tuple[torch.nn.Module, tuple]:
-    """(module, example_inputs) of a model file. With `fake_mode` (a FakeTensorMode) the file runs under it, so no
-    parameter or input is allocated; `dtype` is the default dtype while the model is built; `required` names the
-    overrides the file must accept."""
+def _convert(x: object, device: str, dtype: torch.dtype | None) -> object:
+    if not isinstance(x, torch.Tensor):
+        return x
+    if dtype is not None and x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device)
+
+
+def load_model_file(path: str | Path, *, device: str = "cpu", dtype: str | None = None,
+                    strict: tuple[str, ...] = (), **overrides: object) -> tuple[torch.nn.Module, tuple]:
+    """(module, example_inputs) of a model file on `device`, converted to `dtype` ('fp32', 'bf16', 'fp16'; None: as
+    built). `strict` names the overrides the file must accept. The global RNG is seeded first, so that two loads
+    build the same model and inputs."""
     if not Path(path).is_file():
         raise InputError(f"{path}: no such file")
     path = Path(path).resolve()
-    with contextlib.ExitStack() as stack:
-        if fake_mode is not None:
-            stack.enter_context(fake_mode)
-        stack.enter_context(default_dtype(dtype))
-        try:
-            return _build(path, overrides, required)
-        except InputError:
-            raise
-        except Exception as e:  # the user's code failed: report their line, not ours
-            raise user_error(path, e) from None
+    torch_dtype = DTYPES[dtype] if dtype is not None else None
+    torch.manual_seed(0)
+    try:
+        module, inputs = _build(path, overrides, strict)
+        module = module.to(device)
+        if torch_dtype is not None:
+            module = module.to(torch_dtype)
+        return module, tuple(_convert(x, device, torch_dtype) for x in inputs)
+    except InputError:
+        raise
+    except SystemExit as e:  # not a model: say so rather than exiting with the file's status
+        raise InputError(f"{path}: the model file called sys.exit({e.code!r}) while building the model") from None
+    except Exception as e:  # the user's code failed: report their line, not ours
+        raise user_error(path, e) from None
+
+
+def model_dtype(module: torch.nn.Module) -> str | None:
+    """The dtype name of the module's floating-point parameters (the most common one), or None."""
+    counts: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    if not counts:
+        return None
+    return DTYPE_NAMES.get(max(counts, key=counts.__getitem__))

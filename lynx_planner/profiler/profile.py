@@ -1,33 +1,43 @@
-"""`lynx profile model.py`: a planner profile of a PyTorch model file.
+"""`lynx profile model.py`: a planner profile of a PyTorch model file, from real forwards in the training precision.
 
-The model is built under FakeTensorMode in bf16 (the training dtype the analytic profiles assume), split into
-layers, and one instance of each block type is traced on CPU fakes; so bytes and FLOPs come without allocating.
-`lynx_model()` receives `batch_size` and `seq_len` from the parallel config, and `attention` when one is asked for,
-if it accepts them. The 'measure' method builds the model a second time for real on the device (fp32 on CPU, where
-bf16 kernels are slow; bf16 on CUDA) and times every op.
+The model is built as the file builds it, on the profile's device, and converted the way training converts it
+(`model.to(dtype)`, or fp32 weights under autocast): bytes, times and op ids then all come from that one precision,
+and the ops a block lists are exactly those its layers run in training (a real forward, not a fake or symbolic
+trace: fake tensors change what some models do, e.g. Hugging Face's sdpa mask, and break models that deep-copy
+layers). One forward of the whole model finds the layers and their arguments; every layer's op ids are read, layers
+of one structure that run the same ops share a block type, and one instance per block type is traced (forward and
+backward). `lynx_model()` receives only the overrides it accepts; the shapes profiled are those of the example inputs.
+The 'measure' method times the ops of the same instances.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from rich.progress import Progress
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import policy
 from ..analytic import bytes_per_param
 from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import tp as tensor_parallel
-from .loading import load_model_file, user_error
-from .structure import LayerSlot, capture_layers, name_blocks
-from .timing import analytic_times, measure_times
-from .tracing import BlockTrace, to_block, trace
+from .loading import Precision, load_model_file, model_dtype, user_error
+from .recorder import tensors_in
+from .structure import LayerSlot, capture_layers, name_blocks, uncovered
+from .timing import analytic_times, measure_spread
+from .tracing import BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
 DEVICES = ("cpu", "cuda")
+UNCOVERED_SHARE = 0.05  # parameters outside the layers above this share: warn
+SPREAD_WARNING = 0.10  # measured per-run spread above this: warn
+# Attributes naming attention head counts (module attributes and Hugging Face config fields).
+_HEAD_ATTRS = ("heads", "num_heads", "n_head", "n_heads", "nhead", "num_attention_heads", "num_key_value_heads",
+               "num_kv_heads", "n_kv_heads", "n_head_kv")
 
 
 def _check_args(method: str, device: str, attention: str | None) -> None:
@@ -35,25 +45,27 @@ def _check_args(method: str, device: str, attention: str | None) -> None:
         raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     if device not in DEVICES:
         raise InputError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
-    if method == "measure" and device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available")
     if attention not in (None, "flash", "math"):
         raise InputError(f"attention must be 'flash' or 'math', not {attention!r}")
 
 
-def _layers(path: str, model: torch.nn.Module, inputs: tuple) -> list[LayerSlot]:
+def _user_code(path: str, what: str, fn: Callable, *args, **kwargs):
     try:
-        return capture_layers(model, inputs)
+        return fn(*args, **kwargs)
+    except InputError:
+        raise
     except Exception as e:  # the user's forward failed: name their line if it is in the traceback
         err = user_error(Path(path).resolve(), e)
-        raise InputError(f"{err} (while running the model's forward under FakeTensorMode)") from None
+        raise InputError(f"{err} (while {what})") from None
 
 
-def _model_info(path: str, model: torch.nn.Module, groups: dict[str, list[LayerSlot]]) -> ModelInfo:
+def _model_info(path: str, model: torch.nn.Module, groups: dict[str, list[LayerSlot]], extra: dict) -> ModelInfo:
     params = sum(p.numel() for p in model.parameters())
     repeated = max(len(slots) for slots in groups.values())
     return ModelInfo(name=Path(path).stem, source=path, params=params,
-                     config={"class": type(model).__name__, "num_layers": repeated})
+                     config={"class": type(model).__name__, "num_layers": repeated, **extra})
 
 
 def _dropout(model: torch.nn.Module) -> float:
@@ -66,24 +78,57 @@ def _attention(traces: dict[str, BlockTrace]) -> str:
     return "flash" if flash else "math"
 
 
-def _measured(path: str, groups: dict[str, list[LayerSlot]], traces: dict[str, BlockTrace], device: str,
-              overrides: dict, progress: Progress | None) -> dict[str, dict]:
-    """Per block type: measured op times on real instances."""
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model, inputs = load_model_file(path, dtype=dtype, **overrides)
-    model = model.to(device).train()
-    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
-    slots = {s.path: s for s in capture_layers(model, inputs)}
-    runs, warmup = 5, 2
-    times = {}
-    for name, group in groups.items():
-        task = progress.add_task(f"measure {name}", total=runs + warmup) if progress else None
-        instances = [(slots[s.path].module, slots[s.path].args, slots[s.path].kwargs) for s in group]
-        known = {op.id for op in traces[name].ops}
-        times[name] = measure_times(instances, known, runs=runs, warmup=warmup,
-                                    advance=lambda t=task: progress.advance(t) if progress else None)
-    return times
+def _shapes(inputs: tuple) -> tuple[int, int, str]:
+    """(micro-batch, sequence) from the first tensor input, read as [batch, seq, ...], and a description."""
+    tensors = tensors_in(inputs)
+    desc = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
+    if not tensors or tensors[0].dim() == 0:
+        return 1, 1, desc
+    shape = tensors[0].shape
+    return max(1, shape[0]), max(1, shape[1] if len(shape) > 1 else 1), desc
+
+
+def _group_by_ops(path: str, slots: list[LayerSlot], context) -> None:
+    """Key each layer's block type by the ops it runs too: layers of one structure may take other paths."""
+    for slot in slots:
+        ids = _user_code(path, f"running layer {slot.path!r}", op_ids, slot.module, slot.args, slot.kwargs or {},
+                         context)
+        slot.ops = ids
+
+
+def _check_faithful(path: str, slot: LayerSlot, traced: BlockTrace) -> None:
+    """The traced forward ran the ops the layer's earlier forward ran: else the ops depend on more than the
+    arguments (state, caches, randomness in control flow) and a plan could name ops that training never runs."""
+    other = [op.id for op in traced.ops if op.id not in set(slot.ops)]
+    if other:
+        raise InputError(f"{path}: layer {slot.path!r} ran other ops on a second forward with the same arguments "
+                         f"({', '.join(other[:4])}): its forward is not deterministic, so lynx cannot make a "
+                         "profile whose ops training will run")
+
+
+def _check_parallel(path: str, model: torch.nn.Module, traces: dict[str, BlockTrace], par: ParallelConfig,
+                    n_layers: int) -> None:
+    """The option checks catalog models get: heads divisible by tp, sequence by tp with sp, pp <= layers."""
+    if par.pp > n_layers:
+        raise InputError(f"--pp {par.pp}: {path} has only {n_layers} layers (at most one stage per layer)")
+    if par.tp > 1:
+        counts: dict[str, int] = {}
+        for name, module in [("", model), *model.named_modules(), ("config", getattr(model, "config", None))]:
+            for attr in _HEAD_ATTRS:
+                value = getattr(module, attr, None) if module is not None else None
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    counts.setdefault(attr, value)
+        for tr in traces.values():
+            for op in tr.ops:
+                if op.heads:
+                    counts.setdefault("attention heads", op.heads[0])
+                    counts.setdefault("key/value heads", op.heads[1])
+        for what, value in counts.items():
+            if value % par.tp:
+                raise InputError(f"--tp {par.tp} does not divide the model's {what} ({value}) in {path}")
+    if par.sequence_parallel and par.seq_len % par.tp:
+        raise InputError(f"--sequence-parallel: --tp {par.tp} does not divide the sequence length {par.seq_len} "
+                         f"of {path}'s example inputs")
 
 
 def _check_plannable(block: Block) -> None:
@@ -94,27 +139,71 @@ def _check_plannable(block: Block) -> None:
 
 
 def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardware, method: str = "analytic",
-                       device: str = "cpu", attention: str | None = None, progress: bool = True) -> Profile:
+                       device: str = "cpu", attention: str | None = None, dtype: str | None = None,
+                       autocast: str | None = None, overrides: dict | None = None, threads: int | None = None,
+                       repeats: int = 5, progress: bool = True,
+                       warn: Callable[[str], None] | None = None) -> Profile:
+    """The profile of a model file. `overrides` are the lynx_model() arguments the user asked for (each must be
+    accepted; None: `batch_size`/`seq_len` from `parallel`, where accepted); `attention` is one more. `dtype`/`autocast`
+    is the training precision (None: the weights as the file builds them, no autocast). `parallel`'s micro-batch and
+    sequence are replaced by the example inputs' shapes. Warnings (parameters outside the layers, a large measured
+    spread) go to `warn` (default: warnings.warn)."""
     _check_args(method, device, attention)
-    overrides = {"batch_size": parallel.micro_batch_size, "seq_len": parallel.seq_len}
+    warn = warn or (lambda message: warnings.warn(message, stacklevel=2))
+    precision = Precision(dtype, autocast)
+    strict = tuple(overrides or ())
+    if overrides is None:
+        overrides = {"batch_size": parallel.micro_batch_size, "seq_len": parallel.seq_len}
+    overrides = dict(overrides)
     if attention is not None:
         overrides["attention"] = attention
-    fake = FakeTensorMode()
-    model, inputs = load_model_file(path, fake_mode=fake, dtype=torch.bfloat16, required=("attention",), **overrides)
+        strict += ("attention",)
+    model, inputs = load_model_file(path, device=device, dtype=dtype, strict=strict, **overrides)
     model.train()
-    with fake:
-        slots = _layers(path, model, inputs)
-    groups = name_blocks(slots)
+
+    def context():
+        return precision.forward_context(device)
+
+    slots = _user_code(path, "running the model's forward", capture_layers, model, inputs, context())
+    if not slots:
+        raise InputError(f"{path}: the model's forward called none of its submodules: no layers to plan")
+    params = sum(p.numel() for p in model.parameters())
+    outside, never = uncovered(model, slots)
+    if params and outside > UNCOVERED_SHARE * params:
+        warn(f"{path}: {outside / params:.1%} of the parameters ({outside:,} of {params:,}) are outside the "
+             f"{len(slots)} layers found" + (f"; never called: {', '.join(never[:6])}" if never else "")
+             + ": the plan will not cover them (are the repeated blocks in a container lynx does not split?)")
     bar = Progress(transient=True) if progress else None
     with bar or contextlib.nullcontext():
+        _group_by_ops(path, slots, context)
+        groups = name_blocks(slots)
         task = bar.add_task("trace", total=len(groups)) if bar else None
         traces = {}
         for name, group in groups.items():
-            traces[name] = trace(group[0].module, group[0].args, group[0].kwargs)
+            traces[name] = _user_code(path, f"tracing layer {group[0].path!r}", trace, group[0].module,
+                                      group[0].args, group[0].kwargs, context)
+            _check_faithful(path, group[0], traces[name])
             if bar:
                 bar.advance(task)
-        times = (_measured(path, groups, traces, device, overrides, bar) if method == "measure"
-                 else {name: analytic_times(tr, hardware) for name, tr in traces.items()})
+        spread = 0.0
+        if method == "measure":
+            times, spreads = {}, {}
+            with _threads(threads):
+                for name, group in groups.items():
+                    t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
+                    times[name], s, total = measure_spread(
+                        [(g.module, g.args, g.kwargs) for g in group], {op.id for op in traces[name].ops},
+                        runs=repeats, warmup=2, context=context,
+                        advance=lambda t=t: bar.advance(t) if bar else None)
+                    spreads[name] = (s, total * len(group))
+                used_threads = torch.get_num_threads()
+            weight = sum(w for _, w in spreads.values())
+            spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
+        else:
+            times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
+    batch, seq, described = _shapes(inputs)
+    parallel = parallel.model_copy(update={"micro_batch_size": batch, "seq_len": seq})
+    _check_parallel(path, model, traces, parallel, len(slots))
     blocks = {}
     for name, tr in traces.items():
         blocks[name] = tensor_parallel.shard(to_block(name, tr, times[name]), tr, parallel, hardware)
@@ -124,7 +213,27 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     layers = []
     for slot in slots:
         module_role = tensor_parallel.roles(traces[slot.block])[0]
-        params = tensor_parallel.rank_params(slot.module, module_role, parallel.tp, seen)
-        layers.append(Layer(block=slot.block, name=slot.path, params=params, static_bytes=int(params * bpp)))
-    return Profile(model=_model_info(path, model, groups), parallel=parallel, hardware=hardware, method=method,
-                   attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers)
+        rank_params = tensor_parallel.rank_params(slot.module, module_role, parallel.tp, seen)
+        layers.append(Layer(block=slot.block, name=slot.path, params=rank_params, static_bytes=int(rank_params * bpp)))
+    extra = {"device": device, "inputs": described, "outside_params": outside,
+             **{f"override.{k}": v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))}}
+    if method == "measure":
+        extra |= {"threads": used_threads, "repeats": repeats, "spread": round(spread, 4)}
+        if spread > SPREAD_WARNING:
+            warn(f"{path}: measured times vary by {spread:.0%} between runs (interquartile range over the median of "
+                 f"each block's {repeats} runs, weighted by its share of the time): the machine is busy, or use more "
+                 "--repeats; the times are medians")
+    return Profile(model=_model_info(path, model, groups, extra), parallel=parallel, hardware=hardware, method=method,
+                   attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers,
+                   dtype=model_dtype(model), autocast=autocast)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    old = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

@@ -92,6 +92,7 @@ class OpRecord:
     out_keys: list[StorageWeakRef]  # storages this op owns after it ran, output order
     fwd: Cost = field(default_factory=Cost)
     bwd: Cost = field(default_factory=Cost)
+    heads: tuple[int, ...] = ()  # attention kernels: query and key head counts ([batch, heads, seq, dim] inputs)
 
 
 class OpRecorder(TorchDispatchMode):
@@ -187,6 +188,8 @@ class OpRecorder(TorchDispatchMode):
             random=torch.Tag.nondeterministic_seeded in func.tags,
             reads_param=any(storage_key(t) in self.weights for t in ins), inputs=inputs, out_bytes=0, out_keys=[],
         )
+        if is_attention_kernel(name) and len(ins) >= 2 and ins[0].dim() == ins[1].dim() == 4:
+            rec.heads = (ins[0].shape[1], ins[1].shape[1])
         if view:
             rec.fwd.seconds = seconds
         else:

@@ -1,18 +1,22 @@
 """Splits a model into its layer sequence and groups the layers into block types.
 
-Children of an nn.ModuleList / nn.Sequential with repeated structure are layers; the modules around them (embedding,
-final norm, head: the other children of the modules on the way down) are layers of their own; a model without
-repetition is one layer per top-level child. Layers sharing a structure (module types and configs, parameter and
-buffer shapes) and input shapes share one block type. Layer order is the order of their first call in a forward;
-layers never called are left out. Work done by a parent module between its children is not part of any layer.
+Children of an nn.ModuleList / nn.ModuleDict / nn.Sequential with repeated structure are layers (a child that is
+itself a container, e.g. a ModuleList of ModuleLists, is split further: containers are never called); the modules
+around them (embedding, final norm, head: the other children of the modules on the way down) are layers of their
+own; a model without repetition is one layer per top-level child. Layers sharing a structure (module types and
+configs, parameter and buffer shapes) and input shapes share one block type. Layer order is the order of their first
+call in a forward; layers never called are left out, and `uncovered` says how many parameters that leaves outside
+the layers. Work done by a parent module between its children is not part of any layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from .recorder import tensors_in
 
@@ -24,6 +28,7 @@ class LayerSlot:
     args: tuple = ()  # arguments of its first call (detached copies)
     kwargs: dict | None = None
     block: str = ""
+    ops: tuple[str, ...] = ()  # ids of the ops its forward runs (when read), part of its block type
 
 
 def signature(module: nn.Module) -> tuple:
@@ -34,8 +39,11 @@ def signature(module: nn.Module) -> tuple:
     )
 
 
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
 def _is_repeated(m: nn.Module) -> bool:
-    if not isinstance(m, (nn.ModuleList, nn.Sequential)):
+    if not isinstance(m, _CONTAINERS):
         return False
     sigs = [signature(c) for c in m.children()]
     return len(set(sigs)) < len(sigs)
@@ -49,10 +57,14 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(path, module) of every layer, in registration order."""
     has_repeat = {id(m) for m in model.modules() if any(_is_repeated(x) for x in m.modules())}
 
+    def container(c: nn.Module) -> bool:  # a child to split further rather than a layer
+        return isinstance(c, (nn.ModuleList, nn.ModuleDict)) or (isinstance(c, nn.Sequential) and _is_repeated(c))
+
     def split(prefix: str, m: nn.Module) -> list[tuple[str, nn.Module]]:
         if _is_repeated(m):
-            return [(_join(prefix, n), c) for n, c in m.named_children()]
-        if prefix and id(m) not in has_repeat:
+            return [layer for n, c in m.named_children()
+                    for layer in (split(_join(prefix, n), c) if container(c) else [(_join(prefix, n), c)])]
+        if prefix and id(m) not in has_repeat and not isinstance(m, (nn.ModuleList, nn.ModuleDict)):
             return [(prefix, m)]
         return [layer for n, c in m.named_children() for layer in split(_join(prefix, n), c)]
 
@@ -60,12 +72,14 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _snapshot(x: object) -> object:
-    # Later layers may modify a tensor in place: keep a copy of what this layer received.
-    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+    # Later layers may modify a tensor in place: keep a copy of what this layer received (tuples of rotary tables
+    # included).
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
 
 
-def capture_layers(model: nn.Module, example_inputs: tuple) -> list[LayerSlot]:
-    """Runs the model once (no grad) and returns its layers in call order, each with its first call's arguments."""
+def capture_layers(model: nn.Module, example_inputs: tuple, context=None) -> list[LayerSlot]:
+    """Runs the model once and returns its layers in call order, each with its first call's arguments. The forward
+    runs with autograd on, as in training (some models take other paths without it), under `context` (autocast)."""
     slots: dict[str, LayerSlot] = {}
     hooks = []
     for path, module in layer_modules(model):
@@ -75,7 +89,7 @@ def capture_layers(model: nn.Module, example_inputs: tuple) -> list[LayerSlot]:
                                         {k: _snapshot(v) for k, v in kwargs.items()})
         hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
     try:
-        with torch.no_grad():
+        with context if context is not None else contextlib.nullcontext():
             model(*example_inputs)
     finally:
         for h in hooks:
@@ -92,7 +106,7 @@ def name_blocks(slots: list[LayerSlot]) -> dict[str, list[LayerSlot]]:
     by_key: dict[tuple, str] = {}
     groups: dict[str, list[LayerSlot]] = {}
     for slot in slots:
-        key = (signature(slot.module), _input_key(slot))
+        key = (signature(slot.module), _input_key(slot), slot.ops)
         if key not in by_key:
             base = type(slot.module).__name__
             name, n = base, 1
@@ -104,3 +118,12 @@ def name_blocks(slots: list[LayerSlot]) -> dict[str, list[LayerSlot]]:
         slot.block = by_key[key]
         groups[slot.block].append(slot)
     return groups
+
+
+def uncovered(model: nn.Module, slots: list[LayerSlot]) -> tuple[int, list[str]]:
+    """Parameters of `model` outside every captured layer, and the layers found but never called."""
+    inside = {id(p) for slot in slots for p in slot.module.parameters()}
+    outside = sum(p.numel() for p in model.parameters() if id(p) not in inside)
+    called = {slot.path for slot in slots}
+    never = [path for path, _ in layer_modules(model) if path not in called]
+    return outside, never

@@ -8,6 +8,9 @@ measure: real forward and backward of the block's instances (round robin over th
 warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
 over runs. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
 without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
+The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the
+profile's spread is their mean weighted by each block type's share of the model's time (tiny blocks are noisy and
+matter little): on a shared machine it says how far to trust the medians.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ def analytic_times(traced: BlockTrace, hw: Hardware) -> Times:
     return {op.id: (roofline_s(op.fwd, hw), roofline_s(op.bwd, hw)) for op in traced.ops}
 
 
-def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str]) -> Times:
-    rec = run_block(module, args, kwargs, timed=True)[0]
+def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str], context=None) -> Times:
+    rec = run_block(module, args, kwargs, timed=True, context=context)[0]
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     last = None
@@ -50,17 +53,31 @@ def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str]
 
 
 def measure_times(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
-                  warmup: int = 2, advance: Callable[[], None] = lambda: None) -> Times:
-    """Median per-op (forward, backward) seconds over `runs` timed runs; `advance` is called after each run."""
+                  warmup: int = 2, advance: Callable[[], None] = lambda: None,
+                  context: Callable | None = None) -> Times:
+    """Median per-op (forward, backward) seconds over `runs` timed runs (see `measure_spread`)."""
+    return measure_spread(instances, known, runs=runs, warmup=warmup, advance=advance, context=context)[0]
+
+
+def measure_spread(instances: list[tuple[torch.nn.Module, tuple, dict]], known: set[str], *, runs: int = 5,
+                   warmup: int = 2, advance: Callable[[], None] = lambda: None,
+                   context: Callable | None = None) -> tuple[Times, float, float]:
+    """Median per-op (forward, backward) seconds over `runs` timed runs, the spread of the per-run totals and their
+    median;
+    `advance` is called after each run, `context()` wraps each forward (autocast)."""
     samples: list[Times] = []
     for i in range(warmup + runs):
         module, args, kwargs = instances[i % len(instances)]
-        result = _one_run(module, args, kwargs, known)
+        result = _one_run(module, args, kwargs, known, context)
         if i >= warmup:
             samples.append(result)
         advance()
-    return {op: (statistics.median(s.get(op, (0.0, 0.0))[0] for s in samples),
-                 statistics.median(s.get(op, (0.0, 0.0))[1] for s in samples)) for op in known}
+    times = {op: (statistics.median(s.get(op, (0.0, 0.0))[0] for s in samples),
+                  statistics.median(s.get(op, (0.0, 0.0))[1] for s in samples)) for op in known}
+    totals = [sum(f + b for f, b in s.values()) for s in samples]
+    middle = statistics.median(totals)
+    q1, _, q3 = statistics.quantiles(totals, n=4) if len(totals) > 1 else (middle, middle, middle)
+    return times, (q3 - q1) / middle if middle > 0 else 0.0, middle
 
 
 def _synchronize(device: torch.device) -> None:

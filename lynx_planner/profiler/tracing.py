@@ -7,10 +7,13 @@ a real module is traced the same way, for real.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
 from torch._guards import detect_fake_mode
+from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from ..schema import BLOCK_INPUT, Block, Op
@@ -45,6 +48,7 @@ class TracedOp:
     saves: list[str] = field(default_factory=list)
     aux_bytes: int = 0
     tags: list[str] = field(default_factory=list)
+    heads: tuple[int, ...] = ()
 
 
 @dataclass
@@ -76,12 +80,21 @@ def fresh_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         grad = x is first and x.is_floating_point() or (x.requires_grad and x is not first)
         return x.detach().requires_grad_(grad)
 
-    return tuple(map(fresh, args)), {k: fresh(v) for k, v in kwargs.items()}
+    return tree_map(fresh, args), tree_map(fresh, kwargs)
+
+
+def op_ids(module: torch.nn.Module, args: tuple, kwargs: dict,
+           context: Callable[[], AbstractContextManager] | None = None) -> tuple[str, ...]:
+    """The ids of the ops one forward of `module` runs, views included (what the runtime names), in call order."""
+    rec = run_block(module, args, kwargs, backward=False, context=context)[0]
+    return tuple(r.id for r in rec.records)
 
 
 def run_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, timed: bool = False,
-              backward: bool = True) -> tuple[OpRecorder, object, dict]:
-    """One recorded forward (and backward) of `module`; returns the recorder, the output and the saved tensors."""
+              backward: bool = True, context: Callable[[], AbstractContextManager] | None = None,
+              ) -> tuple[OpRecorder, object, dict]:
+    """One recorded forward (and backward) of `module`; returns the recorder, the output and the saved tensors.
+    The forward runs under `context()` (autocast: the training precision), the backward outside it, as in training."""
     args, kwargs = fresh_arguments(args, kwargs)
     first, others = split_arguments(args, kwargs)
     fake = detect_fake_mode((args, kwargs, list(module.parameters())))
@@ -100,7 +113,8 @@ def run_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, timed: bool
         # then cannot free and reuse their memory: in timed runs the backward kernels would write to fresh, cold
         # pages (CPU: +30% on an HF GPT-2 block's backward, mostly page faults in elementwise kernels). Timed runs
         # need no saved-tensor info, so they run without it.
-        with (contextlib.nullcontext() if timed else torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)), rec:
+        with (contextlib.nullcontext() if timed else torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)), \
+                (context() if context is not None else contextlib.nullcontext()), rec:
             out = module(*args, **kwargs)
         rec.finish_forward()
         saved = {} if timed else _saved_by_op(rec, packed)
@@ -167,13 +181,14 @@ def _traced_op(r: OpRecord, saved: dict) -> TracedOp:
     saves, aux = saved.get(r.id, ([], {}))
     return TracedOp(id=r.id, module=r.module, name=r.name, kind=r.kind, inputs=r.inputs, out_bytes=r.out_bytes,
                     random=r.random, inplace=r.inplace, reads_param=r.reads_param, fwd=r.fwd, bwd=r.bwd,
-                    saves=saves, aux_bytes=sum(aux.values()))
+                    saves=saves, aux_bytes=sum(aux.values()), heads=r.heads)
 
 
-def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> BlockTrace:
+def trace(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
+          context: Callable[[], AbstractContextManager] | None = None) -> BlockTrace:
     """The op graph of one forward of `module` with FLOPs and bytes, and the backward work charged to each op."""
     kwargs = kwargs or {}
-    rec, out, saved = run_block(module, args, kwargs)
+    rec, out, saved = run_block(module, args, kwargs, context=context)
     ops = [_traced_op(r, saved) for r in rec.records if not r.view]
     _tag_core_attention(ops)
     first, _ = split_arguments(args, kwargs)

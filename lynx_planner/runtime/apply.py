@@ -68,6 +68,8 @@ class LynxRuntime:
         self._keys: weakref.WeakKeyDictionary[Region, tuple[int | None, int]] = weakref.WeakKeyDictionary()
         self._latest: dict[int, weakref.ref[Region]] = {}  # last region of each stage position
         self._stream = None
+        # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
+        self.precision: tuple[str, str | None] | None = None
         for position, layer in enumerate(layers):
             layer.module.forward = self._wrapped_forward(position, layer.module.forward)
 
@@ -81,6 +83,8 @@ class LynxRuntime:
         if layer.scope is None or not torch.is_grad_enabled():
             out = forward(*args, **kwargs)
         else:
+            if self.precision is not None and layer.module.training and not layer.checked:
+                check_autocast(self.precision[1], layer.path, layer.module)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
             out = region.forward(*args, **kwargs)
             if layer.module.training and not layer.checked:
@@ -165,10 +169,49 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     first = stage_plan.layers[0]
     layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
               for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
+    check_dtype(plan, stage_plan.layer_names, modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
+    runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None
     for layer in layers:
         _RUNTIME_OF_LAYER[layer.module] = runtime
     return module
+
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _how(dtype: str | None, autocast: str | None) -> str:
+    return f"fp32 weights under {autocast} autocast" if autocast else f"{dtype} weights without autocast"
+
+
+def check_dtype(plan: Plan, paths: list[str], modules: list[nn.Module]) -> None:
+    """The stage's layers hold their weights in the plan's precision (plans that record one): another precision runs
+    other ops (casts) and saves other bytes, so the plan would not fit."""
+    if plan.dtype is None:
+        return
+    for path, module in zip(paths, modules):
+        sizes: dict[str, int] = {}
+        for p in module.parameters():
+            if p.is_floating_point():
+                name = _DTYPES.get(p.dtype, str(p.dtype))
+                sizes[name] = sizes.get(name, 0) + p.numel()
+        found = max(sizes, key=sizes.__getitem__) if sizes else plan.dtype
+        if found != plan.dtype:
+            raise PlanMismatchError(
+                f"layer {path!r} has {found} weights, but the plan was made for {_how(plan.dtype, plan.autocast)}: "
+                f"convert the model as the profile did (model.to(...)) or re-profile with --dtype {found}")
+
+
+def check_autocast(expected: str | None, path: str, module: nn.Module) -> None:
+    """At a layer's first training forward: autocast is on, in the plan's dtype, exactly when the plan says so."""
+    param = next(module.parameters(), None)
+    device = param.device.type if param is not None else "cpu"
+    found = _DTYPES.get(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+    if found != expected:
+        now = f"under {found} autocast" if found else "without autocast"
+        want = f"under {expected} autocast (--autocast {expected})" if expected else "without autocast"
+        raise PlanMismatchError(f"layer {path!r} runs {now}, but the plan was made for a forward {want}: train as "
+                                "profiled, or re-profile with the precision you train in")
 
 
 def runtime_of(module: nn.Module) -> LynxRuntime:

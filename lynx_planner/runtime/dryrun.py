@@ -1,12 +1,14 @@
-"""`dry_run`: check that a plan fits a model file and its profile, and list what each layer will do."""
+"""`dry_run`: check that a plan fits a model file and its profile, prove it applies by running the model's forward
+and backward with it, and list what each layer will do."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch
+from torch.utils._pytree import tree_leaves
 
-from ..io import file_sha256, find_beside, load_model
+from ..io import InputError, file_sha256, find_beside, load_model
 from ..schema import Plan, Profile
 from .errors import PlanMismatchError
 from .stages import layer_policies, resolve_layers
@@ -46,19 +48,56 @@ def _check_ops(profile: Profile, stage: int, index: int, block: str, ops: list[s
                                 f"{', '.join(unknown[:4])}")
 
 
-def dry_run(plan_path: str, model_path: str) -> list[dict]:
+def _overrides(profile: Profile | None) -> dict:
+    """The lynx_model() arguments the profile was made with (recorded as 'override.<name>')."""
+    if profile is None:
+        return {}
+    return {k.removeprefix("override."): v for k, v in profile.model.config.items() if k.startswith("override.")}
+
+
+def _device(profile: Profile | None) -> str:
+    """The device the profile's ops were traced on (op ids can differ by device), where it is available."""
+    device = str(profile.model.config.get("device", "cpu")) if profile is not None else "cpu"
+    return device if device == "cpu" or torch.cuda.is_available() else "cpu"
+
+
+def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path: str, device: str = "cpu") -> None:
+    """One training forward and backward of the model file's model (built as profiled: same lynx_model() arguments
+    and precision) with every stage of the plan applied: what the first training step would do. Raises
+    PlanMismatchError when the plan does not apply, InputError when the model fails."""
+    from ..profiler.loading import Precision, user_error
+    from .apply import apply_plan
+
+    model.train()
+    for stage in plan.stages:
+        apply_plan(model, plan, stage=stage.stage)
+    try:
+        with Precision(plan.dtype, plan.autocast).forward_context(device):
+            out = model(*inputs)
+        grads_of = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if grads_of:
+            torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
+    except InputError:
+        raise
+    except Exception as e:
+        err = user_error(Path(model_path).resolve(), e)
+        raise InputError(f"{err} (running the model's forward and backward with the plan applied)") from None
+
+
+def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
     """One row per layer (stage, layer, module, mode, keep, recompute, when) after checking that the plan fits the
     model file (module paths), its stage layout and, when the plan's profile file exists, the profile (same sha256,
-    layer blocks and names, op ids). Raises PlanMismatchError (an InputError) on the first mismatch."""
-    from ..profiler import (
-        load_model_file,  # the profiler imports torch internals; only a dry run needs them
-    )
+    layer blocks and names, op ids); then (`run`) one forward and backward of the model with the plan applied, in the
+    plan's precision, so that a plan the dry run accepts does not fail at the first training step. Raises
+    PlanMismatchError (an InputError) on the first mismatch."""
+    from ..profiler import load_model_file
 
     plan = load_model(plan_path, Plan)
     profile_path = find_beside(plan.profile_path, plan_path)
     profile = _check_profile(plan, profile_path) if profile_path is not None else None
     _check_stages(plan, len(profile.layers) if profile is not None else None)
-    model, _ = load_model_file(model_path, fake_mode=FakeTensorMode())
+    device = _device(profile)
+    model, inputs = load_model_file(model_path, device=device, dtype=plan.dtype, **_overrides(profile))
     rows = []
     for stage in plan.stages:
         resolve_layers(model, stage)
@@ -71,4 +110,6 @@ def dry_run(plan_path: str, model_path: str) -> list[dict]:
                 _check_ops(profile, stage.stage, index, policy.block, [*policy.keep, *policy.recompute])
             rows.append({"stage": stage.stage, "layer": index, "module": name, "mode": policy.mode,
                          "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at})
+    if run:
+        run_with_plan(plan, model, inputs, model_path, device)
     return rows

@@ -1,0 +1,52 @@
+"""The model zoo end to end (tests/zoo.py): for each model x precision, profile -> HEU plan -> check -> dry run ->
+apply_plan -> one training step with gradients bit-identical to the unplanned model, and the activation bytes the
+planned forward leaves alive within 2% of the plan's prediction. `python tests/zoo.py` prints the whole matrix."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import zoo  # noqa: E402
+from zoo_models import NAMES  # noqa: E402
+
+# runtime/keep.py names the producer of a storage by the op that created it, the profiler by the op that wrote it
+# last (an in-place op takes it over: recorder.py). Where a plan keeps an in-place op's output (nn.Dropout on CPU is
+# empty_like + bernoulli_ + div_ + mul; the kept unit is div_), the runtime drops it and recomputes it: gradients
+# stay identical, but live bytes are below the prediction (-11% to -39%). Strict: these fail once keep.py lets
+# mutating ops take over the producer (then delete this set).
+KEEP_INPLACE_BUG = {"gpt2", "opt", "bert", "transformer_encoder"}
+
+_cells: dict[tuple[str, str], zoo.Cell] = {}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("zoo")
+
+
+def cell(name: str, precision: str, workdir) -> zoo.Cell:
+    """Each cell runs once per session; its steps and its bytes are asserted by separate tests."""
+    if (name, precision) not in _cells:
+        _cells[name, precision] = zoo.run_cell(name, precision, workdir)
+    return _cells[name, precision]
+
+
+CASES = [(n, p) for n in NAMES for p in zoo.PRECISIONS]
+
+
+@pytest.mark.parametrize("name,precision", CASES)
+def test_loop(name, precision, workdir):
+    c = cell(name, precision, workdir)
+    assert all(c.passed.get(step) for step in zoo.STEPS), c.error
+
+
+@pytest.mark.parametrize("name,precision", [
+    pytest.param(n, p, marks=pytest.mark.xfail(n in KEEP_INPLACE_BUG, strict=True,
+                                               reason="runtime/keep.py: in-place ops do not own what they write"))
+    for n, p in CASES])
+def test_live_bytes_match_the_plan(name, precision, workdir):
+    c = cell(name, precision, workdir)
+    assert c.bytes_error is not None, c.error
+    assert abs(c.bytes_error) <= zoo.BYTES_TOLERANCE, (c.measured_bytes, c.predicted_bytes)
