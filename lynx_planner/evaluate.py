@@ -202,6 +202,10 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         mine, theirs = getattr(plan.parallel, field), getattr(par, field)
         if mine != theirs:
             out.append(f"parallel.{field} {mine!r} differs from the profile's {theirs!r}")
+    for field in ("dtype", "autocast"):  # apply_plan refuses a model in another precision than the plan's
+        mine, theirs = getattr(plan, field), getattr(profile, field)
+        if mine != theirs:
+            out.append(f"{field} {mine!r} differs from the profile's {theirs!r} (the training precision)")
     return out
 
 

@@ -71,6 +71,7 @@ EDITS: list[tuple[str, str, Callable[[dict], None], str]] = [
     ("parallel.num_microbatches", "heu", lambda d: d["parallel"].update(num_microbatches=16),
      "parallel.num_microbatches"),
     ("parallel.schedule", "heu", lambda d: d["parallel"].update(schedule="gpipe"), "parallel.schedule"),
+    ("precision", "heu", lambda d: d.update(dtype="fp16"), "dtype 'fp16' differs"),
     ("recompute order reversed", "heu", lambda d: _policies(d, "selective")[0]["recompute"].reverse(),
      "not a legal order"),
     ("recompute lists an op twice", "heu", lambda d: _policies(d, "selective")[0]["recompute"].append(
