@@ -23,6 +23,7 @@ import pyomo.environ as pyo
 from pyomo.contrib.solver.common.results import SolutionStatus
 from pyomo.contrib.solver.solvers.highs import Highs
 
+from ..io import raise_if_interrupted
 from ..schema import Profile
 from .candidates import Candidate
 from .stage_model import StageModel, candidates_of
@@ -143,6 +144,7 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     if time_limit is not None:
         opts["time_limit"] = time_limit
     res = Highs().solve(m, **opts)
+    raise_if_interrupted()  # HiGHS swallows a Ctrl-C that lands inside it (io.catch_interrupts records it)
     if res.solution_status not in (SolutionStatus.optimal, SolutionStatus.feasible):
         return MilpResult([], "infeasible", None, None, None)
     res.solution_loader.load_vars()
