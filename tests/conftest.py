@@ -33,8 +33,10 @@ def between(profile: Profile, frac: float) -> int:
     return int(lo + frac * (hi - lo))
 
 
-def solve_all(profile: Profile, limit: int, algos=None, time_limit: float = 30) -> dict[str, float]:
-    """Iteration time of every algorithm that fits (all of them by default); each plan must pass `lynx check`."""
+def solve_all(profile: Profile, limit: int, algos=None, time_limit: float = 30,
+              gaps: dict | None = None) -> dict[str, float]:
+    """Iteration time of every algorithm that fits (all of them by default); each plan must pass `lynx check`.
+    `gaps`, if given, receives each algorithm's reported solver gap."""
     from lynx_planner import solvers
     from lynx_planner.evaluate import check, make_plan
 
@@ -47,6 +49,8 @@ def solve_all(profile: Profile, limit: int, algos=None, time_limit: float = 30) 
         plan = make_plan(profile, "p.json", "0" * 64, algo, limit, s.stages, s.solver, s.evaluation)
         assert check(plan, profile) == [], algo
         out[algo] = s.evaluation.predicted.iteration_time_s
+        if gaps is not None:
+            gaps[algo] = s.solver.gap
     return out
 
 
