@@ -112,7 +112,9 @@ class Recorder(TorchDispatchMode):
         self.saved: list[Saved] = []
         self.seen: set[str] = set()
         self.unsafe: str | None = None
-        self._inputs = {StorageWeakRef(t.untyped_storage()): i for i, t in reversed(list(enumerate(leaves)))}
+        # an input may be a view into a larger batch at an offset that differs per micro-batch: sources record it
+        self._inputs = {StorageWeakRef(t.untyped_storage()): (i, t.storage_offset())
+                        for i, t in reversed(list(enumerate(leaves)))}
         self._params = {StorageWeakRef(t.untyped_storage()): t
                         for t in [*scope.layer.parameters(), *scope.layer.buffers()]}
         self._count = 0
@@ -314,10 +316,11 @@ def build(rec: Recorder) -> Program:
     return prog
 
 
-def replay(prog: Program, resolve: dict[int, torch.Tensor], snapshots: dict, device: torch.device
+def replay(prog: Program, resolve: dict[int, torch.Tensor], shift: dict[int, int], snapshots: dict
            ) -> dict[int, torch.Tensor]:
     """Run the program's steps (under no_grad, autocast off: the recorded ops are already cast) and return the
-    dropped saved tensors by pack position. `resolve` holds a tensor of each source storage."""
+    dropped saved tensors by pack position. `resolve` holds a tensor of each source storage, `shift` how far a
+    source's storage offsets moved since the recording (inputs that are views into a batch)."""
     store = dict(resolve)
     out_by_step: dict[int, list[int]] = {}
     for p, (i, _, _) in prog.regenerate.items():
@@ -328,7 +331,7 @@ def replay(prog: Program, resolve: dict[int, torch.Tensor], snapshots: dict, dev
             snapshots[prog.restore[i]].restore()
         flat = list(step.flat)
         for pos, ref in step.refs:
-            flat[pos] = _view(store[ref.sid], ref)
+            flat[pos] = _view(store[ref.sid], ref, shift.get(ref.sid, 0))
         args, kwargs = tree_unflatten(flat, step.spec)
         result = step.func(*args, **kwargs)
         tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
@@ -344,7 +347,8 @@ def replay(prog: Program, resolve: dict[int, torch.Tensor], snapshots: dict, dev
     return regenerated
 
 
-def _view(base: torch.Tensor, ref: Ref) -> torch.Tensor:
-    if tuple(base.shape) == ref.size and tuple(base.stride()) == ref.stride and base.storage_offset() == ref.offset:
+def _view(base: torch.Tensor, ref: Ref, shift: int = 0) -> torch.Tensor:
+    offset = ref.offset + shift
+    if tuple(base.shape) == ref.size and tuple(base.stride()) == ref.stride and base.storage_offset() == offset:
         return base
-    return base.as_strided(ref.size, ref.stride, ref.offset)
+    return base.as_strided(ref.size, ref.stride, offset)

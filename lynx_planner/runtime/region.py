@@ -35,8 +35,8 @@ _SCALARS = (int, float, bool, str, type(None))
 
 
 def _signature(scope: ModuleScope, leaves: list, autocast: AutocastState) -> tuple:
-    """What decides the recorded ops: tensor shapes, dtypes and devices, plain arguments, autocast, train/eval."""
-    key = tuple((x.shape, x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
+    """What decides the recorded ops: tensor shapes, strides, dtypes, devices, plain arguments, autocast, train mode."""
+    key = tuple((x.shape, x.stride(), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
                 else x if isinstance(x, _SCALARS) else type(x) for x in leaves)
     return key, autocast.settings, scope.layer.training
 
@@ -179,12 +179,14 @@ class Region:
         if self._diverged or program.prefix_only:
             return self._rerun()
         leaves = [t for t in tree_leaves(self._inputs) if isinstance(t, torch.Tensor)]
-        kinds = {"input": leaves.__getitem__, "tensor": lambda t: t, "saved": self._saved.__getitem__,
+        kinds = {"input": lambda v: leaves[v[0]], "tensor": lambda t: t, "saved": self._saved.__getitem__,
                  "captured": self._captured.__getitem__}
         sources = {sid: kinds[kind](value) for sid, (kind, value) in program.sources.items()}
+        shift = {sid: leaves[v[0]].storage_offset() - v[1] for sid, (kind, v) in program.sources.items()
+                 if kind == "input"}
         snaps = {**self._snaps, ("", 0): self._rng}
         with self._rng.fork(), torch.no_grad(), autocast_off(self._device):
-            regenerated = replay(program, sources, snaps, self._device)
+            regenerated = replay(program, sources, shift, snaps)
         self.replayed_ops = program.recomputed_ops
         return regenerated
 
