@@ -41,24 +41,23 @@ class GPT(nn.Module):
     def __init__(self, seq_len: int):
         super().__init__()
         self.embedding: nn.Module | None = Embedding(seq_len)
-        self.layers = nn.ModuleDict({str(i): GPTBlock(HIDDEN, HEADS, seq_len, dropout=DROPOUT)
-                                     for i in range(LAYERS)})
+        self.layers = nn.ModuleList(GPTBlock(HIDDEN, HEADS, seq_len, dropout=DROPOUT) for _ in range(LAYERS))
         self.lm_head: nn.Module | None = LMHead()
+        self.active = list(range(LAYERS))  # the layers this (stage) module runs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embedding is not None:
             x = self.embedding(x)
-        for layer in self.layers.values():
-            x = layer(x)
+        for i in self.active:
+            x = self.layers[i](x)
         return self.lm_head(x) if self.lm_head is not None else x
 
     def stage_module(self, layer_names: list[str]) -> GPT:
-        """A copy holding only these layers, under the same module paths."""
+        """A copy running only these layers, under the same module paths (it still holds the others' weights)."""
         stage = copy.deepcopy(self)
         stage.embedding = stage.embedding if "embedding" in layer_names else None
         stage.lm_head = stage.lm_head if "lm_head" in layer_names else None
-        for key in [k for k in stage.layers if f"layers.{k}" not in layer_names]:
-            del stage.layers[key]
+        stage.active = [i for i in range(LAYERS) if f"layers.{i}" in layer_names]
         return stage
 
 

@@ -6,9 +6,14 @@ with `apply_plan` and the pipelining trigger (`runtime.attach`), then timing ite
 several plans, every process holds one stage module per plan and runs their iterations interleaved, so load on a
 shared machine hits them alike. Measured per stage: forward and backward (CPU time of the process's compute thread,
 summed over micro-batches; with one thread per process this is compute only, waits excluded), the recomputation run
-inside backward (on demand or triggered by the layer above: on the critical path) and the one released early, and the
-activation bytes held when a backward starts (a storage tracker, in one extra untimed iteration). The iteration time
-is wall time between barriers. Precision and threads follow the profile (fp32 on CPU, the profile's threads, else 1).
+inside backward (on demand or triggered by the layer above: on the critical path) and the one released early, and,
+from a storage tracker in one extra untimed iteration, the peak of live bytes created in the iteration (activations,
+recomputed tensors and backward's transient gradients) and the most held when a backward starts (the kept activations
+of the micro-batches in flight; predicted: the layers' kept bytes times the micro-batches in flight). The predicted
+peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall
+time between barriers. Predicted backward includes the
+exposed recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the
+profile's threads, else 1).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class StageTimes:
     backward_s: float  # including the recomputation that ran inside it
     recompute_in_backward_s: float
     recompute_early_s: float
-    activation_bytes: int = 0
+    activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
+    held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
 
 
 @dataclass
@@ -55,7 +61,9 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     fwd = sum(sum(r.fwd[0::2]) for r in runs)
     bwd = sum(sum(r.bwd[0::2]) for r in runs)
     pred = plan.predicted.stages[stage]
-    return StageTimes(m * fwd, m * bwd, pred.exposed_recompute_s, pred.hidden_recompute_s, pred.activation_bytes)
+    kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(plan.parallel.schedule, plan.parallel.pp, stage, m)
+    return StageTimes(m * fwd, m * bwd + pred.exposed_recompute_s, pred.exposed_recompute_s, pred.hidden_recompute_s,
+                      pred.activation_bytes, kept)
 
 
 # the job ------------------------------------------------------------------------------------------------------------
@@ -95,7 +103,7 @@ class _LiveBytes:
         from torch.utils._pytree import tree_leaves
 
         tracker = self
-        self.cur, self.peak_at_backward = 0, 0
+        self.cur, self.peak, self.peak_at_backward = 0, 0, 0
         self._seen: dict[int, weakref.ref] = {}
 
         class Mode(TorchDispatchMode):
@@ -111,6 +119,7 @@ class _LiveBytes:
                         if nbytes and key not in tracker._seen:
                             tracker._seen[key] = weakref.ref(st, lambda _r, k=key, n=nbytes: tracker._free(k, n))
                             tracker.cur += nbytes
+                tracker.peak = max(tracker.peak, tracker.cur)
                 return out
 
         self.mode = Mode()
@@ -231,7 +240,8 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             tracker[0] = _LiveBytes()
             with tracker[0].mode:
                 iteration(job)
-            results[i]["activation_bytes"] = tracker[0].peak_at_backward
+            results[i]["activation_bytes"] = tracker[0].peak
+            results[i]["held_at_backward_bytes"] = tracker[0].peak_at_backward
             tracker[0] = None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     finally:
@@ -290,6 +300,7 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
         for r in range(world):
             for st in pr.stages:
                 st[r].activation_bytes = per_rank[r][i]["activation_bytes"]
+                st[r].held_at_backward_bytes = per_rank[r][i]["held_at_backward_bytes"]
         runs.append(pr)
     return runs
 
@@ -311,7 +322,8 @@ def summary(run_: PlanRun) -> dict:
                 for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s")}
         stages.append({"stage": s, "predicted": pred.__dict__,
                        "measured": {k: v[0] for k, v in meas.items()} | {
-                           "activation_bytes": run_.stages[0][s].activation_bytes},
+                           "activation_bytes": run_.stages[0][s].activation_bytes,
+                           "held_at_backward_bytes": run_.stages[0][s].held_at_backward_bytes},
                        "spread": {k: [v[1], v[2]] for k, v in meas.items()}})
     med, lo, hi = _spread(run_.iterations_s)
     pred = run_.plan.predicted.iteration_time_s
@@ -327,9 +339,9 @@ def table(summaries: list[dict]) -> str:
     for s in summaries:
         lines.append(f"plan {s['plan']} ({s['algo']})")
         lines.append(f"  {'stage':<6}{'forward s':>22}{'backward s':>22}{'recompute in bwd s':>24}"
-                     f"{'early recompute s':>24}{'activations MiB':>20}")
-        lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas (incl.)':>22}{'pred exposed / meas':>24}"
-                     f"{'pred hidden / meas':>24}{'pred / meas':>20}")
+                     f"{'early recompute s':>24}{'kept MiB':>20}{'peak MiB':>20}")
+        lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas':>22}{'pred exposed / meas':>24}"
+                     f"{'pred hidden / meas':>24}{'pred / meas':>20}{'pred / meas':>20}")
         for st in s["stages"]:
             p, m = st["predicted"], st["measured"]
             lines.append(
@@ -337,6 +349,7 @@ def table(summaries: list[dict]) -> str:
                 f"{p['backward_s']:>10.4f} / {m['backward_s']:<9.4f}"
                 f"{p['recompute_in_backward_s']:>12.4f} / {m['recompute_in_backward_s']:<9.4f}"
                 f"{p['recompute_early_s']:>12.4f} / {m['recompute_early_s']:<9.4f}"
+                f"{p['held_at_backward_bytes'] / mib:>10.1f} / {m['held_at_backward_bytes'] / mib:<7.1f}"
                 f"{p['activation_bytes'] / mib:>10.1f} / {m['activation_bytes'] / mib:<7.1f}")
         it = s["iteration"]
         lines.append(f"  iteration: predicted {it['predicted_s']:.4f} s, measured median {it['measured_s']:.4f} s "
