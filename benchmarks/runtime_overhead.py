@@ -139,6 +139,28 @@ def measure(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
     return t1 - t0, t2 - t1
 
 
+def fixed_cost(args, mode: str, repeats: int = 300) -> float:
+    """CPU seconds a region adds to one layer's forward, measured on a tiny layer where it is not lost in noise."""
+    hidden, heads, seq = 64, 4, 16
+    base = Stack(args.layers, hidden, heads, seq, args.dropout)
+    cfg = GPTConfig("tiny", args.layers, hidden, heads, vocab=128)
+    profile = gpt_profile(cfg, ParallelConfig(seq_len=seq, micro_batch_size=1), HARDWARE["a100-80g-nvlink"],
+                          dropout=args.dropout)
+    lynx = copy.deepcopy(base)
+    lynx_planner.apply_plan(lynx, plan_for(profile, mode, args.layers))
+    x = torch.randn(seq, 1, hidden, requires_grad=True)
+    diffs = []
+    for _ in range(repeats):
+        pair = []
+        for m in (base, lynx):
+            t0 = time.process_time()
+            out = m(x)
+            pair.append(time.process_time() - t0)
+            del out
+        diffs.append(pair[1] - pair[0])
+    return statistics.median(diffs) / args.layers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=512)
@@ -212,6 +234,11 @@ def main() -> None:
     print(f"\n{'overhead':<40}{'paired per repeat: median [p25 to p75]':>39}  of minima")
     for label, text in checks:
         print(f"{label:<40}{text}")
+    for mode in ("selective", "full"):
+        cost = fixed_cost(args, mode)
+        print(f"{'fixed cost of a ' + mode + ' region forward':<40}{cost * 1e6:7.1f} us per layer = "
+              f"{cost / (medians['bare'][0] / args.layers) * 100:.2f}% of a layer's forward here (tiny layer, "
+              "300 paired runs)")
     print(f"{'recompute, lynx full (fwd+bwd - bare)':<40}{(medians['lynx full'][1] - medians['bare'][1]) * 1e3:7.2f} ms"
           f"  torch ckpt {(medians['torch ckpt'][1] - medians['bare'][1]) * 1e3:.2f} ms")
     print(f"{'recompute, lynx selective':<40}{(medians['lynx selective'][1] - medians['bare'][1]) * 1e3:7.2f} ms"
