@@ -271,6 +271,9 @@ def build(rec: Recorder) -> Program:
                         todo.extend((s, 0) for s in rec.steps[other].outs if s is not None)
     # a needed step's sources may be made by needed steps: those are not sources
     made = {sid for pos in needed for sid in [*rec.steps[pos].outs, *rec.steps[pos].writes] if sid is not None}
+    if any(kind == "saved" and sid in made for sid, (kind, _) in sources.items()):
+        prog.prefix_only = "a recomputed op reads a storage at an older version than the kept one"
+        return prog
     prog.sources = {sid: src for sid, src in sources.items() if sid not in made}
     prog.source_packs = frozenset(v for kind, v in prog.sources.values() if kind == "saved")
     order = sorted(needed)
