@@ -746,10 +746,10 @@ def hardware_cmd(
 
         hw = calibrate(name=name, threads=threads, repeats=repeats)
         write_atomic(output, dumps(hw))
-        out.print(f"wrote {output}: GEMM {hw.peak_flops / 1e9:.1f} GFLOP/s, memory {hw.hbm_bytes_per_s / 1e9:.1f} GB/s, "
-                  f"{hw.backend} p2p {hw.p2p_bytes_per_s / 1e9:.2f} GB/s + {hw.p2p_latency_s * 1e6:.0f} us, all-reduce "
-                  f"busbw {hw.intra_node_bus_bytes_per_s / 1e9:.2f} GB/s + {hw.intra_node_latency_s * 1e6:.0f} us, "
-                  f"interference {hw.interference:.2f}")
+        out.print(f"wrote {output}: GEMM {hw.peak_flops / 1e9:.1f} GFLOP/s, memory "
+                  f"{hw.hbm_bytes_per_s / 1e9:.1f} GB/s, {hw.backend} p2p {hw.p2p_bytes_per_s / 1e9:.2f} GB/s + "
+                  f"{hw.p2p_latency_s * 1e6:.0f} us, all-reduce busbw {hw.intra_node_bus_bytes_per_s / 1e9:.2f} "
+                  f"GB/s + {hw.intra_node_latency_s * 1e6:.0f} us, interference {hw.interference:.2f}")
         return
     if output is not None:
         raise InputError("lynx hardware: -o applies to `lynx hardware calibrate`")

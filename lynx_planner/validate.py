@@ -39,6 +39,7 @@ class StageTimes:
     backward_s: float  # including the recomputation that ran inside it
     recompute_in_backward_s: float
     recompute_early_s: float
+    compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
     activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
     held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
 
@@ -179,28 +180,30 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             batch = tuple(x.to(torch_dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                           for x in batch)
             target = torch.zeros(par.num_microbatches * profile_par.micro_batch_size)
-            times = {"fwd": 0.0, "bwd": 0.0}
+            times = {"fwd": 0.0, "bwd": 0.0, "wall": 0.0}
 
             def wrap(stage=stage, times=times):
                 fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
 
                 def forward_one_chunk(*a, **k):
-                    t0 = clock()
+                    t0, w0 = clock(), time.perf_counter()
                     try:
                         return fwd(*a, **k)
                     finally:
                         times["fwd"] += clock() - t0
+                        times["wall"] += time.perf_counter() - w0
 
                 def backward_one_chunk(*a, **k):
                     if tracker[0] is not None:
                         tracker[0].peak_at_backward = max(tracker[0].peak_at_backward, tracker[0].cur)
                     in_backward[0] = True
-                    t0 = clock()
+                    t0, w0 = clock(), time.perf_counter()
                     try:
                         return bwd(*a, **k)
                     finally:
                         in_backward[0] = False
                         times["bwd"] += clock() - t0
+                        times["wall"] += time.perf_counter() - w0
 
                 stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
 
@@ -213,7 +216,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             for p in module.parameters():
                 if p.grad is not None:
                     p.grad.zero_()  # in place: gradients are not new storages for the tracker
-            times["fwd"] = times["bwd"] = 0.0
+            times["fwd"] = times["bwd"] = times["wall"] = 0.0
             rec_in_bwd[0] = rec_early[0] = 0.0
             dist.barrier()
             t0 = time.perf_counter()
@@ -225,7 +228,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                 schedule.step()
             dist.barrier()
             wall = time.perf_counter() - t0
-            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0])
+            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
 
         for _ in range(warmup):
             for job in jobs:
@@ -327,7 +330,9 @@ def summary(run_: PlanRun) -> dict:
                        "spread": {k: [v[1], v[2]] for k, v in meas.items()}})
     med, lo, hi = _spread(run_.iterations_s)
     pred = run_.plan.predicted.iteration_time_s
-    return {"plan": run_.name, "algo": run_.plan.algo, "stages": stages,
+    cpu = sum(st.forward_s + st.backward_s for rep in run_.stages for st in rep)
+    wall = sum(st.compute_wall_s for rep in run_.stages for st in rep)
+    return {"plan": run_.name, "algo": run_.plan.algo, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
             "iteration": {"predicted_s": pred, "measured_s": med, "spread_s": [lo, hi],
                           "predicted_over_measured": pred / med, "repeats": run_.iterations_s}}
 
@@ -355,6 +360,9 @@ def table(summaries: list[dict]) -> str:
         lines.append(f"  iteration: predicted {it['predicted_s']:.4f} s, measured median {it['measured_s']:.4f} s "
                      f"[{it['spread_s'][0]:.4f}-{it['spread_s'][1]:.4f}], predicted/measured "
                      f"{it['predicted_over_measured']:.3f}")
+    share = min(s["cpu_share"] for s in summaries)
+    lines.append(f"compute got {share:.0%} of a CPU (CPU time / wall time of the forward and backward chunks)"
+                 + (": the machine was busy, wall-clock times include waiting for a CPU" if share < 0.9 else ""))
     by_algo = {s["algo"]: s["iteration"] for s in summaries}
     if "full" in by_algo and "none" in by_algo:
         full, none = by_algo["full"], by_algo["none"]

@@ -19,11 +19,12 @@ from lynx_planner.runtime import runtime_of
 N_LAYERS = 3
 PROFILE = tiny_profile(N_LAYERS)
 KEEP_FC1 = ("attn.qkv:addmm#0", "mlp.fc1:addmm#0")
+KEEP_GELU_ATTN = ("mlp.act:gelu#0", "attn.core:_scaled_dot_product_flash_attention#0")
 PLANS = {
     "full": [Spec("full", "grad_wait")] * N_LAYERS,
     "selective": [Spec("selective", "grad_wait")] * N_LAYERS,
     "mixed": [Spec("selective", "grad_wait", keep=KEEP_FC1), Spec("none"),
-              Spec("selective", "grad_wait", keep=("mlp.act:gelu#0", "attn.core:_scaled_dot_product_flash_attention#0"))],
+              Spec("selective", "grad_wait", keep=KEEP_GELU_ATTN)],
 }
 
 
