@@ -79,6 +79,7 @@ class Program:
     steps: tuple[Step, ...] = ()
     sources: dict[int, tuple[str, Any]] = field(default_factory=dict)  # sid -> ('input', i) | ('tensor', t) | ...
     regenerate: dict[int, tuple[int, Ref, bool]] = field(default_factory=dict)  # pack -> (after step, ref, clone)
+    ready_after: dict[int, list[int]] = field(default_factory=dict)  # step -> packs complete after it
     free_after: dict[int, list[int]] = field(default_factory=dict)  # step -> sids no longer needed
     snapshots: frozenset[tuple[str, int]] = frozenset()
     restore: dict[int, tuple[str, int]] = field(default_factory=dict)  # step -> snapshot to restore before it
@@ -89,6 +90,10 @@ class Program:
     @property
     def recomputed_ops(self) -> list[str]:
         return [s.op_id for s in self.steps]
+
+    @property
+    def random(self) -> bool:
+        return bool(self.restore)
 
 
 _DATA_DEPENDENT = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "allclose", "nonzero", "unique",
@@ -297,6 +302,7 @@ def build(rec: Recorder) -> Program:
     for p, ref in dropped.items():
         i = ready[(ref.sid, ref.version)]
         prog.regenerate[p] = (i, ref, last_write.get(ref.sid, -1) > i)
+        prog.ready_after.setdefault(i, []).append(p)
     # free a replayed storage after its last reader unless a dropped tensor lives in it
     last_use: dict[int, int] = {}
     for i, step in enumerate(prog.steps):
@@ -325,9 +331,6 @@ def replay(prog: Program, resolve: dict[int, torch.Tensor], shift: dict[int, int
     dropped saved tensors by pack position. `resolve` holds a tensor of each source storage, `shift` how far a
     source's storage offsets moved since the recording (inputs that are views into a batch)."""
     store = dict(resolve)
-    out_by_step: dict[int, list[int]] = {}
-    for p, (i, _, _) in prog.regenerate.items():
-        out_by_step.setdefault(i, []).append(p)
     regenerated: dict[int, torch.Tensor] = {}
     for i, step in enumerate(prog.steps):
         if i in prog.restore:
@@ -341,7 +344,7 @@ def replay(prog: Program, resolve: dict[int, torch.Tensor], shift: dict[int, int
         for t, sid in zip(tensors, step.outs):
             if sid is not None:
                 store[sid] = t
-        for p in out_by_step.get(i, ()):
+        for p in prog.ready_after.get(i, ()):
             _, ref, clone = prog.regenerate[p]
             t = _view(store[ref.sid], ref)
             regenerated[p] = t.clone() if clone else t

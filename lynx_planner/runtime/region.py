@@ -185,7 +185,9 @@ class Region:
         shift = {sid: leaves[v[0]].storage_offset() - v[1] for sid, (kind, v) in program.sources.items()
                  if kind == "input"}
         snaps = {**self._snaps, ("", 0): self._rng}
-        with self._rng.fork(), torch.no_grad(), autocast_off(self._device):
+        autocast = any(enabled for _, enabled, _ in self._autocast.settings)
+        with self._rng.fork() if program.random else contextlib.nullcontext(), torch.no_grad(), \
+                autocast_off(self._device) if autocast else contextlib.nullcontext():
             regenerated = replay(program, sources, shift, snaps)
         self.replayed_ops = program.recomputed_ops
         return regenerated
