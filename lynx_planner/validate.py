@@ -356,6 +356,9 @@ def table(summaries: list[dict]) -> str:
                 f"{p['recompute_early_s']:>12.4f} / {m['recompute_early_s']:<9.4f}"
                 f"{p['held_at_backward_bytes'] / mib:>10.1f} / {m['held_at_backward_bytes'] / mib:<7.1f}"
                 f"{p['activation_bytes'] / mib:>10.1f} / {m['activation_bytes'] / mib:<7.1f}")
+        busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
+        lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
+                     f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
         it = s["iteration"]
         lines.append(f"  iteration: predicted {it['predicted_s']:.4f} s, measured median {it['measured_s']:.4f} s "
                      f"[{it['spread_s'][0]:.4f}-{it['spread_s'][1]:.4f}], predicted/measured "

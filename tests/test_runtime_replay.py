@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,41 @@ def test_data_dependent_layer_recomputes_by_rerunning_its_forward():
         model.zero_grad()
         model(x).pow(2).sum().backward()
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), model.parameters()))
+
+
+def test_hugging_face_gpt2_dropout_masks_recompute_as_planned():
+    """HF GPT-2 (bf16, dropout 0.1): CPU dropout is empty_like + bernoulli_ + div_ + mul, so masks are values made
+    in place; keeping all but the masks recomputes exactly the plan's ops, with bit-identical gradients."""
+    pytest.importorskip("transformers")
+    from lynx_planner.models.hardware import HARDWARE
+    from lynx_planner.profiler import load_model_file, profile_model_file
+    from lynx_planner.schema import ParallelConfig
+
+    path = str(Path(__file__).resolve().parents[1] / "examples" / "hf_gpt2.py")
+    sizes = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 128}
+    profile = profile_model_file(path, parallel=ParallelConfig(seq_len=32, micro_batch_size=2),
+                                 hardware=HARDWARE["a100-80g-nvlink"], progress=False)
+    first = next(i for i, layer in enumerate(profile.layers) if layer.name == "transformer.h.0")
+    info = policy.analyse(profile.blocks[profile.layers[first].block])
+    keep = tuple(u for u in info.units if "dropout" not in u)
+    plan = plan_from_policies(profile, [[Spec("selective", "grad_wait", keep=keep)] * 2], first_layer=first)
+    torch.manual_seed(0)
+    model, batch = load_model_file(path, batch_size=2, seq_len=32, **sizes)
+    model = model.to(torch.bfloat16).train()
+    planned = copy.deepcopy(model)
+    lynx_planner.apply_plan(planned, plan)
+    runtime = runtime_of(planned)
+    recompute = set(plan.stages[0].policies[0].recompute)
+    assert any("bernoulli_" in op for op in recompute)
+    for step in range(2):
+        for m in (model, planned):
+            m.zero_grad()
+            torch.manual_seed(step)
+            out = m(*batch).logits.float().pow(2).mean()
+            regions = list(runtime._regions.values()) if m is planned else []
+            out.backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), planned.parameters()))
+        assert len(regions) == 2
+        for region in regions:
+            assert region.recorded == (step == 0)
+            assert set(region.replayed_ops) == recompute

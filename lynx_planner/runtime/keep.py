@@ -3,8 +3,9 @@
 `Recorder` (a TorchDispatchMode, used only for a layer's first forward of a shape) names every aten op, follows every
 storage through its creating op and in-place writers, and sees each tensor autograd saves (pack position). From
 that, `build` makes a `Program`:
-- `keep[p]`: the p-th saved tensor stays when a plan-kept op (or no op of the layer: inputs, parameters, or a
-  collective) made its storage; every other saved tensor is dropped. Steady-state forwards decide by position alone.
+- `keep[p]`: the p-th saved tensor stays when a plan-kept op made it (the op that created its storage, or the in-place
+  op that last wrote it, as the profile names values) or no op of the layer did (inputs, parameters), or it is a
+  collective's output; every other saved tensor is dropped. Steady-state forwards decide by position alone.
 - `steps`: the ops to run again, in forward order. They are the dependency closure of the dropped tensors over
   storages (an op is needed when it creates or writes, before the version autograd saved, a storage that is neither
   an input, a parameter nor a kept saved tensor), so only what the plan recomputes runs again, reading kept tensors.
@@ -110,6 +111,7 @@ class Recorder(TorchDispatchMode):
         self._sid: dict[StorageWeakRef, tuple[StorageWeakRef, int]] = {}
         self.versions: list[int] = []
         self.producer: list[str | None] = []  # op id that created each storage (None: existed before)
+        self.makers: list[list[str | None]] = []  # per storage, the op id that made each version (creator, writers)
         self.base_dtype: list[torch.dtype] = []
         self.external: dict[int, tuple[str, Any]] = {}
         self.collective_out: dict[int, torch.Tensor] = {}
@@ -135,6 +137,7 @@ class Recorder(TorchDispatchMode):
         self._sid[ref] = (ref, sid)
         self.versions.append(0)
         self.producer.append(producer)
+        self.makers.append([producer])
         self.base_dtype.append(t.dtype)
         if producer is None:
             if ref in self._inputs:
@@ -184,6 +187,7 @@ class Recorder(TorchDispatchMode):
                         self.collective_out[sid] = t.detach()
         for sid in writes:
             self.versions[sid] += 1
+            self.makers[sid].append(op)
         return out
 
     def _written(self, func, args, kwargs) -> list[int]:
@@ -204,8 +208,8 @@ class Recorder(TorchDispatchMode):
 
     # saved tensors -----------------------------------------------------------------------------------------------
     def kept(self, ref: Ref) -> bool:
-        producer = self.producer[ref.sid]
-        return producer is None or producer in self._keep or ref.sid in self.collective_out
+        maker = self.makers[ref.sid][ref.version]  # as the profile, an in-place op makes a new value
+        return self.producer[ref.sid] is None or maker in self._keep or ref.sid in self.collective_out
 
     def pack(self, t: torch.Tensor) -> bool:
         ref = self.ref(t)
