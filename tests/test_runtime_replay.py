@@ -156,3 +156,52 @@ def test_hugging_face_gpt2_dropout_masks_recompute_as_planned():
         for region in regions:
             assert region.recorded == (step == 0)
             assert set(region.replayed_ops) == recompute
+
+
+class _AllReduceThenRelu(nn.Module):
+    """relu saves its output, not the all-reduced tensor it reads: replaying relu needs the collective's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
+
+        y = funcol.all_reduce(self.fc(x), "sum", dist.group.WORLD)
+        return torch.relu(y) * 2
+
+
+def test_collective_output_is_captured_not_repeated(tmp_path):
+    import torch.distributed as dist
+
+    from lynx_planner.schema import LayerPolicy, StagePlan
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        base = nn.Sequential(_AllReduceThenRelu())
+        plan = plan_from_policies(tiny_profile(1), [[Spec("full")]])
+        plan = plan.model_copy(update={"stages": [StagePlan(stage=0, layers=(0, 1), layer_names=["0"], policies=[
+            LayerPolicy(layers=(0, 1), block="x", mode="full")])]})
+        model = copy.deepcopy(base)
+        lynx_planner.apply_plan(model, plan)
+        runtime = runtime_of(model)
+        for step in range(2):
+            x = torch.randn(4, 8)
+            ref = copy.deepcopy(base)
+            out = ref(x)
+            with _CountOps() as plain:
+                out.pow(2).sum().backward()
+            model.zero_grad()
+            out = model(x)
+            region = runtime._regions[(0, 0)]
+            with _CountOps() as count:
+                out.pow(2).sum().backward()
+            assert region.replayed_ops == [":relu#0"]
+            assert region.recorded  # collective outputs are captured by recording every forward
+            assert count.ops["all_reduce"] == plain.ops["all_reduce"] == 1  # all_reduce's own backward only
+            assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), model.parameters()))
+    finally:
+        dist.destroy_process_group()

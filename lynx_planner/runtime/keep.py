@@ -53,7 +53,7 @@ class Step:
     index: int  # position among all ops of the forward
     op_id: str
     func: torch._ops.OpOverload
-    flat: list  # flattened (args, kwargs), Ref in place of tensors
+    flat: list  # flattened (args, kwargs), None in place of tensors (see refs)
     spec: Any
     refs: list[tuple[int, Ref]]  # positions of Refs in `flat`
     outs: list[int | None]  # per output tensor: the new storage's sid (None: an alias of an existing one)
