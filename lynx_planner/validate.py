@@ -332,7 +332,8 @@ def summary(run_: PlanRun) -> dict:
     pred = run_.plan.predicted.iteration_time_s
     cpu = sum(st.forward_s + st.backward_s for rep in run_.stages for st in rep)
     wall = sum(st.compute_wall_s for rep in run_.stages for st in rep)
-    return {"plan": run_.name, "algo": run_.plan.algo, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
+    return {"plan": run_.name, "algo": run_.plan.algo, "profile_method": run_.profile.method,
+            "hardware": run_.profile.hardware.name, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
             "iteration": {"predicted_s": pred, "measured_s": med, "spread_s": [lo, hi],
                           "predicted_over_measured": pred / med, "repeats": run_.iterations_s}}
 
@@ -343,6 +344,8 @@ def table(summaries: list[dict]) -> str:
     mib = 1 << 20
     for s in summaries:
         lines.append(f"plan {s['plan']} ({s['algo']})")
+        if s["profile_method"] != "measure":
+            lines.append(f"  note: its profile is {s['profile_method']} (times for {s['hardware']}), not measured here")
         lines.append(f"  {'stage':<6}{'forward s':>22}{'backward s':>22}{'recompute in bwd s':>24}"
                      f"{'early recompute s':>24}{'kept MiB':>20}{'peak MiB':>20}")
         lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas':>22}{'pred exposed / meas':>24}"
