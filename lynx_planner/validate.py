@@ -63,8 +63,9 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     bwd = sum(sum(r.bwd[0::2]) for r in runs)
     pred = plan.predicted.stages[stage]
     kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(plan.parallel.schedule, plan.parallel.pp, stage, m)
-    return StageTimes(m * fwd, m * bwd + pred.exposed_recompute_s, pred.exposed_recompute_s, pred.hidden_recompute_s,
-                      pred.activation_bytes, kept)
+    return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
+                      recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
+                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=kept)
 
 
 # the job ------------------------------------------------------------------------------------------------------------
