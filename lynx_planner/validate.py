@@ -221,7 +221,9 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             rec_in_bwd[0] = rec_early[0] = 0.0
             dist.barrier()
             t0 = time.perf_counter()
-            if rank == 0:
+            if world == 1:
+                schedule.step(*batch, target=target, losses=[])
+            elif rank == 0:
                 schedule.step(*batch)
             elif rank == world - 1:
                 schedule.step(target=target, losses=[])
