@@ -742,6 +742,40 @@ def apply_cmd(
 
 
 # --------------------------------------------------------------------------------------------------------------
+# lynx validate (logic in validate.py)
+
+
+@command("validate")
+def validate_cmd(
+    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` (pp stages).")],
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
+    repeats: Annotated[int, typer.Option(min=1, help="Timed iterations per plan.")] = 5,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed iterations per plan first.")] = 2,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, show_default="the profile's, else 1", help="CPU threads per stage process.")] = None,
+    also: Annotated[Optional[list[Path]], typer.Option(
+        "--also", metavar="PLAN.json", help="More plans of the same model, run interleaved in the same job.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+) -> None:
+    """Run plans in a real torch.distributed.pipelining job here (gloo, one process per stage) and print predicted vs
+    measured per stage (forward, backward, recomputation, activation bytes) and the iteration time."""
+    from . import validate
+
+    if not model_path.is_file():
+        raise InputError(f"{model_path}: no such model file")
+    paths = [plan_path, *(also or [])]
+    for p in paths:
+        _load_plan(p)
+    runs = _call_model_file(model_path, "validation", validate.run, [str(p) for p in paths], str(model_path),
+                            repeats=repeats, warmup=warmup, threads=threads)
+    summaries = [validate.summary(r) for r in runs]
+    if as_json:
+        typer.echo(json.dumps(summaries, indent=1))
+    else:
+        out.print(validate.table(summaries), markup=False)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # lynx bench
 
 
@@ -1024,8 +1058,33 @@ def models_cmd() -> None:
 
 
 @command("hardware")
-def hardware_cmd() -> None:
-    """List the hardware catalog (use --hardware FILE.json for your own)."""
+def hardware_cmd(
+    action: Annotated[Optional[str], typer.Argument(
+        metavar="[calibrate]", help="calibrate: measure this machine and write a Hardware file (-o).")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="calibrate: the Hardware JSON to write (for `lynx profile --hardware FILE`).")] = None,
+    name: Annotated[str, typer.Option(help="calibrate: the name written into the file.")] = "local",
+    threads: Annotated[int, typer.Option(min=1, help="calibrate: CPU threads per rank.")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="calibrate: timed runs per measurement.")] = 10,
+) -> None:
+    """List the hardware catalog (use --hardware FILE.json for your own), or `calibrate -o FILE` this machine."""
+    if action is not None:
+        if action != "calibrate":
+            raise InputError(f"lynx hardware: unknown action {action!r} (expected nothing or 'calibrate')")
+        if output is None:
+            raise InputError("lynx hardware calibrate: -o FILE.json is required")
+        _check_output(output)
+        from .calibrate import calibrate
+
+        hw = calibrate(name=name, threads=threads, repeats=repeats)
+        write_atomic(output, dumps(hw))
+        out.print(f"wrote {output}: GEMM {hw.peak_flops / 1e9:.1f} GFLOP/s, memory "
+                  f"{hw.hbm_bytes_per_s / 1e9:.1f} GB/s, {hw.backend} p2p {hw.p2p_bytes_per_s / 1e9:.2f} GB/s + "
+                  f"{hw.p2p_latency_s * 1e6:.0f} us, all-reduce busbw {hw.intra_node_bus_bytes_per_s / 1e9:.2f} "
+                  f"GB/s + {hw.intra_node_latency_s * 1e6:.0f} us, interference {hw.interference:.2f}")
+        return
+    if output is not None:
+        raise InputError("lynx hardware: -o applies to `lynx hardware calibrate`")
     from .models.hardware import HARDWARE
 
     table = Table(title="hardware (efficiencies and bus bandwidths are assumptions to calibrate)",

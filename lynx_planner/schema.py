@@ -51,6 +51,18 @@ class Hardware(_Model):
     inter_node_latency_s: float = Field(ge=0)
     interference: float = Field(ge=1, description="slowdown of compute running beside a collective")
     notes: str = ""
+    # Measured machines (`lynx hardware calibrate`). Left out of the JSON at their defaults, so catalog hardware and
+    # the profiles embedding it keep their bytes.
+    device: Literal["gpu", "cpu"] = Field("gpu", exclude_if=lambda v: v == "gpu",
+                                          description="what one rank computes on")
+    backend: str | None = Field(None, exclude_if=lambda v: v is None,
+                                description="communication backend the links were measured with (nccl, gloo)")
+    threads: PositiveInt | None = Field(None, exclude_if=lambda v: v is None,
+                                        description="CPU threads per rank the compute figures were measured with")
+    p2p_bytes_per_s: PositiveFloat | None = Field(None, exclude_if=lambda v: v is None,
+                                                  description="measured point-to-point bandwidth between two ranks")
+    p2p_latency_s: float | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                        description="measured point-to-point latency")
 
 
 # Bounds that fail fast instead of exhausting memory or time: far beyond real training setups, and small enough that

@@ -1,13 +1,19 @@
-"""Naming the aten ops of one layer's forward with the profiler's op ids ('attn.qkv:addmm#0').
+"""One layer's modules as the runtime sees them: op ids while recording, RNG snapshots at submodule entries, and the
+layer's recorded programs.
 
-The module part is the path of the innermost submodule running, relative to the layer; forward hooks on the layer's
-submodules keep it. The occurrence counts calls of that op name in that module since `OpNamer` was made.
+Op ids follow the profiler ('attn.qkv:addmm#0'): the module part is the path of the innermost submodule running,
+relative to the layer; the occurrence counts calls of that op name in that module within one forward. Naming needs
+hooks on every submodule, so they are installed only while a forward is recorded (`tracking`); the steady-state
+forward keeps only pre-hooks on the few submodules whose entry RNG state a recomputation replays.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 from torch import nn
 
@@ -15,36 +21,67 @@ from ..opid import make_id, op_name
 
 
 class ModuleScope:
-    """The layer-relative path of the submodule whose forward is running inside a layer ('' for the layer itself)."""
+    """Per layer: the running submodule's path (while recording), RNG hooks and recorded programs by signature."""
 
     def __init__(self, layer: nn.Module):
+        self.layer = layer
+        self.programs: dict[Any, Any] = {}  # input signature -> keep.Program
+        self.active: Any = None  # the region whose steady-state forward is running (gets entry callbacks)
+        self._rng_hooked: set[str] = set()
         self._stack = [""]
-        self._handles = []
-        for path, sub in layer.named_modules():
+        self.clock = 0  # ops named so far in the forward being recorded
+        self._entries: Counter[str] = Counter()
+        self.entry_of: dict[str, tuple[int, int]] = {}  # path -> (entry count - 1, clock at its latest entry)
+        self._on_entry: Callable[[str, int], None] | None = None
+
+    @contextlib.contextmanager
+    def tracking(self, on_entry: Callable[[str, int], None]) -> Iterator[None]:
+        """Track the running submodule during one recorded forward; `on_entry(path, k)` at each submodule entry."""
+        self._stack, self.clock, self._on_entry = [""], 0, on_entry
+        self._entries.clear()
+        self.entry_of = {"": (0, 0)}
+        handles = []
+        for path, sub in self.layer.named_modules():
             if path:
-                self._handles.append(sub.register_forward_pre_hook(partial(self._enter, path)))
-                self._handles.append(sub.register_forward_hook(self._exit))
+                handles.append(sub.register_forward_pre_hook(partial(self._enter, path)))
+                handles.append(sub.register_forward_hook(self._exit))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            self._on_entry = None
 
     def _enter(self, path: str, module: nn.Module, args: tuple) -> None:
         self._stack.append(path)
+        k = self._entries[path]
+        self._entries[path] += 1
+        self.entry_of[path] = (k, self.clock)
+        if self._on_entry is not None:
+            self._on_entry(path, k)
 
     def _exit(self, module: nn.Module, args: tuple, output: object) -> None:
         del self._stack[-1]
-
-    def reset(self) -> None:
-        """Forget submodules left open (a recomputation stops early by raising inside one)."""
-        del self._stack[1:]
 
     @property
     def path(self) -> str:
         return self._stack[-1]
 
+    def hook_rng(self, paths: set[str]) -> None:
+        """Steady state: tell the active region when these submodules are entered (it snapshots the RNG there)."""
+        for path in sorted(paths - self._rng_hooked - {""}):
+            self.layer.get_submodule(path).register_forward_pre_hook(partial(self._rng_entry, path))
+            self._rng_hooked.add(path)
+
+    def _rng_entry(self, path: str, module: nn.Module, args: tuple) -> None:
+        if self.active is not None:
+            self.active.entered(path)
+
 
 class OpNamer:
-    """Gives each op of one forward (or its recomputation) its op id, in call order."""
+    """Gives each op of one forward its op id, in call order."""
 
     def __init__(self, scope: ModuleScope):
-        scope.reset()
         self._scope = scope
         self._counts: Counter[tuple[str, str]] = Counter()
 
@@ -52,4 +89,5 @@ class OpNamer:
         key = (self._scope.path, op_name(func))
         occurrence = self._counts[key]
         self._counts[key] += 1
+        self._scope.clock += 1
         return make_id(key[0], key[1], occurrence)

@@ -1,35 +1,44 @@
 """A checkpointed call of one layer (a layer × micro-batch) whose recomputation can be released early.
 
 Stock `torch.utils.checkpoint` recomputes only inside backward's first unpack and offers no handle to start it
-sooner, so a region is its own saved-tensor-hook checkpoint: the forward keeps the tensors of the plan's kept ops and
-an index for every other saved tensor; `recompute()` (public, idempotent) runs the forward again under the captured
-RNG and autocast state and stops as soon as the last missing tensor is regenerated; backward's unpack calls it itself
-when nobody released it earlier. On CUDA an early recomputation runs on a side stream that waits only for this
-region's forward (an event) and backward waits for it (another event); on CPU it runs inline.
+sooner, so a region is its own saved-tensor-hook checkpoint. The layer's first forward of an input signature is
+recorded (keep.Recorder: op ids, storages, saved tensors) into a `Program`; later forwards run the plain layer under
+two saved-tensor hooks that keep or drop the p-th saved tensor as the program says, so a region's forward costs a
+Python call per saved tensor and nothing per op. `recompute()` (public, idempotent) runs only the program's steps
+(the ops the plan recomputes) on the kept tensors under the captured RNG states; backward's unpack calls it itself
+when nobody released it earlier. Where the program cannot replay (see keep.py), or a forward saved different tensors
+than the recorded one, it re-runs the forward from its start and stops after the last dropped tensor, as PyTorch's
+checkpoint does. On CUDA an early recomputation runs on a side stream that waits only for this region's forward (an
+event) and backward waits for it (another event); on CPU it runs inline.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from .keep import ForwardMode, ReplayMode, storage_key
-from .opids import ModuleScope, OpNamer
-from .replay import AutocastState, RngState
+from .keep import Program, Recorder, build, replay
+from .opids import ModuleScope
+from .replay import AutocastState, RngState, autocast_off
 
 
 class _Stop(Exception):
-    """Raised inside a recomputation once every missing tensor is regenerated."""
+    """Raised inside a re-run forward once every dropped tensor is regenerated."""
 
 
-def _device_of(args: tuple, kwargs: dict) -> torch.device:
-    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    return tensors[0].device if tensors else torch.device("cpu")
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def _signature(scope: ModuleScope, leaves: list, autocast: AutocastState) -> tuple:
+    """What decides the recorded ops: tensor shapes, strides, dtypes, devices, plain arguments, autocast, train mode."""
+    key = tuple((x.shape, x.stride(), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
+                else x if isinstance(x, _SCALARS) else type(x) for x in leaves)
+    return key, autocast.settings, scope.layer.training
 
 
 class Region:
@@ -42,37 +51,105 @@ class Region:
         self._on_recompute, self._side_stream = on_recompute, side_stream
         self.op_ids: frozenset[str] = frozenset()
         self.trigger: str | None = None  # what released the recomputation
+        self.recorded = False  # this forward was recorded (the layer's first of its signature)
+        self.replayed_ops: list[str] | None = None  # op ids the recomputation ran (None: re-ran the forward)
         self._inputs: tuple[tuple, dict] | None = None
         self._missing: list[int] = []  # pack positions of the tensors dropped after forward
         self._n_packed = 0
+        self._diverged = False
+        self._saved: dict[int, torch.Tensor] = {}  # kept tensors the replay reads, by pack position
+        self._captured: dict[int, torch.Tensor] = {}
+        self._snaps: dict[tuple[str, int], RngState] = {}
         self._regenerated: dict[int, torch.Tensor] | None = None
         self._fwd_done = self._rec_done = None
 
     # forward ---------------------------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._inputs = (args, kwargs)
-        self._device = _device_of(args, kwargs)
+        leaves = tree_leaves((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        self._device = tensors[0].device if tensors else torch.device("cpu")
         self._rng, self._autocast = RngState.capture(self._device), AutocastState.capture(self._device)
-        self._mode = ForwardMode(OpNamer(self._scope), self._keep, self._device)
-        self._kept: set[StorageWeakRef] = set()
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), self._mode:
-            out = self._fn(*args, **kwargs)
-        self.op_ids = frozenset(self._mode.seen)
-        self._cache = self._mode.finish(self._kept)
-        del self._mode, self._kept
+        signature = _signature(self._scope, leaves, self._autocast)
+        program = self._scope.programs.get(signature)
+        if program is None or program.record_always:
+            out = self._record(args, kwargs, tensors, signature)
+        else:
+            out = self._steady(program, args, kwargs, signature)
         if self._device.type == "cuda":
             self._fwd_done = torch.cuda.Event()
             self._fwd_done.record()
         return out
 
+    def _steady(self, program: Program, args: tuple, kwargs: dict, signature: tuple) -> Any:
+        self._program = program
+        self._wanted = program.source_packs
+        self._entries: Counter[str] = Counter()
+        self._scope.active = self if program.snapshots else None
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self._fn(*args, **kwargs)
+        finally:
+            self._scope.active = None
+        if self._n_packed != len(program.keep):
+            self._diverged = True
+        if self._diverged:  # record the next forward of this signature again
+            self._scope.programs.pop(signature, None)
+        self.op_ids = program.op_ids
+        return out
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor | int:
-        position = self._n_packed
+        p = self._n_packed
         self._n_packed += 1
-        if self._mode.kept(self._mode.producer(t)):
-            self._kept.add(storage_key(t))
+        program = self._program
+        if self._diverged or p >= len(program.keep) or program.shapes[p] != (t.shape, t.dtype):
+            self._diverged = True  # not the recorded forward: keep the rest, re-run the forward to recompute
             return t.detach()
-        self._missing.append(position)
-        return position
+        if program.keep[p]:
+            kept = t.detach()
+            if p in self._wanted:
+                self._saved[p] = kept
+            return kept
+        self._missing.append(p)
+        return p
+
+    def entered(self, path: str) -> None:
+        """A submodule was entered (steady state): snapshot the RNG where a replayed random op needs it."""
+        k = self._entries[path]
+        self._entries[path] += 1
+        if (path, k) in self._program.snapshots:
+            self._snaps[(path, k)] = RngState.capture(self._device)
+
+    def _record(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor], signature: tuple) -> Any:
+        self.recorded = True
+        recorder = Recorder(self._scope, self._keep, tensors)
+        saved: dict[int, torch.Tensor] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor | int:
+            p = self._n_packed
+            self._n_packed += 1
+            if recorder.pack(t):
+                saved[p] = t.detach()
+                return saved[p]
+            self._missing.append(p)
+            return p
+
+        def on_entry(path: str, k: int) -> None:
+            self._snaps[(path, k)] = RngState.capture(self._device)
+
+        with self._scope.tracking(on_entry), torch.autograd.graph.saved_tensors_hooks(pack, self._unpack), recorder:
+            out = self._fn(*args, **kwargs)
+        program = build(recorder)
+        self._program = program
+        self._saved = {p: t for p, t in saved.items() if p in program.source_packs}
+        self._captured = {sid: recorder.collective_out[sid] for sid, (kind, _) in program.sources.items()
+                          if kind == "captured"}
+        self._snaps = {k: s for k, s in self._snaps.items() if k in program.snapshots}
+        if not program.record_always:
+            self._scope.programs[signature] = program
+            self._scope.hook_rng({path for path, _ in program.snapshots})
+        self.op_ids = program.op_ids
+        return out
 
     # recomputation ---------------------------------------------------------------------------------------------
     @property
@@ -89,12 +166,31 @@ class Region:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             if stream is not None:
                 stream.wait_event(self._fwd_done)
-            self._regenerated = self._rerun() if self._missing else {}
+            self._regenerated = self._regenerate() if self._missing else {}
             if stream is not None:
                 self._rec_done = torch.cuda.Event()
                 self._rec_done.record(stream)
-        self._inputs = self._cache = None
+        self._inputs = None
+        self._saved, self._captured, self._snaps = {}, {}, {}
         self._on_recompute(self, trigger)
+
+    def _regenerate(self) -> dict[int, torch.Tensor]:
+        program = self._program
+        if self._diverged or program.prefix_only:
+            return self._rerun()
+        leaves = [t for t in tree_leaves(self._inputs) if isinstance(t, torch.Tensor)]
+        kinds = {"input": lambda v: leaves[v[0]], "tensor": lambda t: t, "saved": self._saved.__getitem__,
+                 "captured": self._captured.__getitem__}
+        sources = {sid: kinds[kind](value) for sid, (kind, value) in program.sources.items()}
+        shift = {sid: leaves[v[0]].storage_offset() - v[1] for sid, (kind, v) in program.sources.items()
+                 if kind == "input"}
+        snaps = {**self._snaps, ("", 0): self._rng}
+        autocast = any(enabled for _, enabled, _ in self._autocast.settings)
+        with self._rng.fork() if program.random else contextlib.nullcontext(), torch.no_grad(), \
+                autocast_off(self._device) if autocast else contextlib.nullcontext():
+            regenerated = replay(program, sources, shift, snaps)
+        self.replayed_ops = program.recomputed_ops
+        return regenerated
 
     def _rerun(self) -> dict[int, torch.Tensor]:
         wanted, last = set(self._missing), self._missing[-1]
@@ -115,8 +211,7 @@ class Region:
         args, kwargs = self._inputs
         with self._rng.fork():
             self._rng.restore()
-            with torch.enable_grad(), self._autocast.apply(), ReplayMode(OpNamer(self._scope), self._cache), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with torch.enable_grad(), self._autocast.apply(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 try:
                     self._fn(*args, **kwargs)
                 except _Stop:

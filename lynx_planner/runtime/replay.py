@@ -1,4 +1,5 @@
-"""RNG and autocast state: captured when a region's forward starts, replayed when it is recomputed."""
+"""RNG and autocast state: captured when a region's forward starts (RNG also where a random op's submodule is
+entered), replayed when it is recomputed."""
 
 from __future__ import annotations
 
@@ -46,3 +47,11 @@ class AutocastState:
         for kind, enabled, dtype in self.settings:
             stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled, cache_enabled=self.cache_enabled))
         return stack
+
+
+def autocast_off(device: torch.device) -> contextlib.ExitStack:
+    """A replay of recorded aten ops runs with autocast off: the recording already holds autocast's casts."""
+    stack = contextlib.ExitStack()
+    for kind in dict.fromkeys([device.type, "cpu"]):
+        stack.enter_context(torch.autocast(kind, enabled=False))
+    return stack

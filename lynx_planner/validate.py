@@ -1,0 +1,382 @@
+"""`lynx validate`: run plans in a real torch.distributed.pipelining job on this machine and compare, per stage and for
+the iteration, what each plan predicts with what the run measures.
+
+One process per pipeline stage (gloo; the model file is built in each, seeded alike), each applying the plan's stage
+with `apply_plan` and the pipelining trigger (`runtime.attach`), then timing iterations of the plan's schedule. With
+several plans, every process holds one stage module per plan and runs their iterations interleaved, so load on a
+shared machine hits them alike. Measured per stage: forward and backward (CPU time of the process's compute thread,
+summed over micro-batches; with one thread per process this is compute only, waits excluded), the recomputation run
+inside backward (on demand or triggered by the layer above: on the critical path) and the one released early, and,
+from a storage tracker in one extra untimed iteration, the peak of live bytes created in the iteration (activations,
+recomputed tensors and backward's transient gradients) and the most held when a backward starts (the kept activations
+of the micro-batches in flight; predicted: the layers' kept bytes times the micro-batches in flight). The predicted
+peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall
+time between barriers. Predicted backward includes the
+exposed recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the
+profile's threads, else 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from . import simulator
+from .io import InputError, find_beside, load_model
+from .schema import Plan, Profile
+
+
+@dataclass
+class StageTimes:
+    forward_s: float
+    backward_s: float  # including the recomputation that ran inside it
+    recompute_in_backward_s: float
+    recompute_early_s: float
+    compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
+    activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
+    held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
+
+
+@dataclass
+class PlanRun:
+    name: str
+    plan: Plan
+    profile: Profile
+    iterations_s: list[float] = field(default_factory=list)
+    stages: list[list[StageTimes]] = field(default_factory=list)  # per repeat, per stage
+
+
+# predictions ------------------------------------------------------------------------------------------------------
+def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
+    """What the plan's profile says one iteration of a stage costs (sums over its layers and micro-batches)."""
+    st = plan.stages[stage]
+    m = plan.parallel.num_microbatches
+    runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
+    fwd = sum(sum(r.fwd[0::2]) for r in runs)
+    bwd = sum(sum(r.bwd[0::2]) for r in runs)
+    pred = plan.predicted.stages[stage]
+    kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(plan.parallel.schedule, plan.parallel.pp, stage, m)
+    return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
+                      recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
+                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=kept)
+
+
+# the job ------------------------------------------------------------------------------------------------------------
+def _stage_module(model, layer_names: list[str]):
+    """The model's own `stage_module(layer_names)` if it has one, else the stage's layers called in order."""
+    import torch
+
+    if hasattr(model, "stage_module"):
+        return model.stage_module(layer_names)
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model  # keeps the model's module paths (apply_plan resolves them under `model.`)
+
+        def forward(self, *args):
+            x = args
+            for name in layer_names:
+                out = self.model.get_submodule(name)(*x)
+                x = out if isinstance(out, tuple) else (out,)
+            return x[0] if len(x) == 1 else x
+
+    return Chain()
+
+
+def _squares(output, target):
+    """The loss of the timing runs: any output works; its cost is negligible beside the model's."""
+    return output.float().pow(2).mean()
+
+
+class _LiveBytes:
+    """Bytes of tensor storages created under it (not views, not in-place results) still alive."""
+
+    def __init__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        self.cur, self.peak, self.peak_at_backward = 0, 0, 0
+        self._seen: dict[int, weakref.ref] = {}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                schema = func._schema
+                if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+                    return out
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        st = t.untyped_storage()
+                        key, nbytes = st._cdata, st.nbytes()
+                        if nbytes and key not in tracker._seen:
+                            tracker._seen[key] = weakref.ref(st, lambda _r, k=key, n=nbytes: tracker._free(k, n))
+                            tracker.cur += nbytes
+                tracker.peak = max(tracker.peak, tracker.cur)
+                return out
+
+        self.mode = Mode()
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._seen.pop(key, None)
+        self.cur -= nbytes
+
+
+def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path: str, repeats: int, warmup: int,
+            threads: int, dtype: str, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from .profiler import load_model_file
+    from .runtime import apply_plan, attach
+    from .runtime import region as region_module
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=600))
+    clock = time.thread_time
+    rec_in_bwd = [0.0]
+    rec_early = [0.0]
+    in_backward = [False]
+    original = region_module.Region.recompute
+
+    def timed_recompute(self, trigger="on_demand"):
+        if self.recomputed:
+            return original(self, trigger)
+        t0 = clock()
+        original(self, trigger)
+        (rec_in_bwd if in_backward[0] else rec_early)[0] += clock() - t0
+
+    region_module.Region.recompute = timed_recompute
+    try:
+        plans = [load_model(p, Plan) for p in plan_paths]
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        jobs = []
+        for plan in plans:
+            par = plan.parallel
+            profile_par = _profile_of(plan, plan_paths[plans.index(plan)]).parallel
+            torch.manual_seed(0)  # the same model on every rank
+            model, example = load_model_file(model_path, batch_size=profile_par.micro_batch_size,
+                                             seq_len=profile_par.seq_len)
+            model = model.to(torch_dtype).train()
+            stage_plan = plan.stages[rank]
+            module = _stage_module(model, stage_plan.layer_names)
+            apply_plan(module, plan, stage=rank)
+            stage = PipelineStage(module, rank, world, torch.device("cpu"))
+            attach(stage)
+            kind = Schedule1F1B if par.schedule == "1f1b" else ScheduleGPipe
+            schedule = kind(stage, n_microbatches=par.num_microbatches, loss_fn=_squares)
+            batch = tuple(torch.cat([x] * par.num_microbatches) if isinstance(x, torch.Tensor) else x
+                          for x in example)
+            batch = tuple(x.to(torch_dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                          for x in batch)
+            target = torch.zeros(par.num_microbatches * profile_par.micro_batch_size)
+            times = {"fwd": 0.0, "bwd": 0.0, "wall": 0.0}
+
+            def wrap(stage=stage, times=times):
+                fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+                def forward_one_chunk(*a, **k):
+                    t0, w0 = clock(), time.perf_counter()
+                    try:
+                        return fwd(*a, **k)
+                    finally:
+                        times["fwd"] += clock() - t0
+                        times["wall"] += time.perf_counter() - w0
+
+                def backward_one_chunk(*a, **k):
+                    if tracker[0] is not None:
+                        tracker[0].peak_at_backward = max(tracker[0].peak_at_backward, tracker[0].cur)
+                    in_backward[0] = True
+                    t0, w0 = clock(), time.perf_counter()
+                    try:
+                        return bwd(*a, **k)
+                    finally:
+                        in_backward[0] = False
+                        times["bwd"] += clock() - t0
+                        times["wall"] += time.perf_counter() - w0
+
+                stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+            wrap()
+            jobs.append((module, schedule, batch, target, times))
+        tracker: list[_LiveBytes | None] = [None]
+
+        def iteration(job) -> tuple[float, StageTimes]:
+            module, schedule, batch, target, times = job
+            for p in module.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()  # in place: gradients are not new storages for the tracker
+            times["fwd"] = times["bwd"] = times["wall"] = 0.0
+            rec_in_bwd[0] = rec_early[0] = 0.0
+            dist.barrier()
+            t0 = time.perf_counter()
+            if world == 1:
+                schedule.step(*batch, target=target, losses=[])
+            elif rank == 0:
+                schedule.step(*batch)
+            elif rank == world - 1:
+                schedule.step(target=target, losses=[])
+            else:
+                schedule.step()
+            dist.barrier()
+            wall = time.perf_counter() - t0
+            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
+
+        for _ in range(warmup):
+            for job in jobs:
+                iteration(job)
+        results: list[dict] = [{"iterations": [], "stages": []} for _ in jobs]
+        for _ in range(repeats):
+            for i, job in enumerate(jobs):
+                wall, st = iteration(job)
+                results[i]["iterations"].append(wall)
+                results[i]["stages"].append(st.__dict__)
+        for i, job in enumerate(jobs):
+            tracker[0] = _LiveBytes()
+            with tracker[0].mode:
+                iteration(job)
+            results[i]["activation_bytes"] = tracker[0].peak
+            results[i]["held_at_backward_bytes"] = tracker[0].peak_at_backward
+            tracker[0] = None
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        region_module.Region.recompute = original
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _profile_of(plan: Plan, plan_path: str) -> Profile:
+    path = find_beside(plan.profile_path, plan_path)
+    if path is None:
+        raise InputError(f"{plan_path}: its profile {plan.profile_path!r} is neither beside it nor at that path; "
+                         "validate needs the profile the plan was made from")
+    return load_model(path, Profile)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 2,
+        threads: int | None = None) -> list[PlanRun]:
+    """Validate plans of one model (same pipeline depth) in one job; returns per plan the measured repeats."""
+    from .runtime import dry_run
+
+    plans = [load_model(p, Plan) for p in plan_paths]
+    profiles = [_profile_of(plan, path) for plan, path in zip(plans, plan_paths)]
+    pps = {plan.parallel.pp for plan in plans}
+    if len(pps) != 1:
+        raise InputError(f"plans with different pipeline depths ({sorted(pps)}) cannot be validated in one job")
+    if any(plan.parallel.tp != 1 or plan.parallel.dp != 1 for plan in plans):
+        raise InputError("validate runs pipeline parallelism only (tp = dp = 1)")
+    for path in plan_paths:
+        dry_run(path, model_path)  # the plan fits the model file and its profile
+    profile = profiles[0]
+    threads = threads or int(profile.model.config.get("threads", 0) or 0) or 1
+    dtype = getattr(profile, "dtype", None) or "fp32"
+    if getattr(profile, "autocast", None):
+        raise InputError("validate does not run autocast profiles yet")
+    import torch.multiprocessing as mp
+
+    world = pps.pop()
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths], str(Path(model_path).resolve()),
+                                repeats, warmup, threads, dtype, out_dir), nprocs=world, join=True)
+        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+    runs = []
+    for i, (path, plan, prof) in enumerate(zip(plan_paths, plans, profiles)):
+        pr = PlanRun(Path(path).stem, plan, prof)
+        pr.iterations_s = [max(per_rank[r][i]["iterations"][k] for r in range(world)) for k in range(repeats)]
+        pr.stages = [[StageTimes(**per_rank[r][i]["stages"][k]) for r in range(world)] for k in range(repeats)]
+        for r in range(world):
+            for st in pr.stages:
+                st[r].activation_bytes = per_rank[r][i]["activation_bytes"]
+                st[r].held_at_backward_bytes = per_rank[r][i]["held_at_backward_bytes"]
+        runs.append(pr)
+    return runs
+
+
+# report -------------------------------------------------------------------------------------------------------------
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return statistics.median(values), q[0], q[2]
+
+
+def summary(run_: PlanRun) -> dict:
+    """Predicted and measured figures of one plan (medians over repeats, spread as 25th-75th percentiles)."""
+    stages = []
+    for s in range(len(run_.plan.stages)):
+        pred = predicted_stage(run_.profile, run_.plan, s)
+        meas = {k: _spread([getattr(rep[s], k) for rep in run_.stages])
+                for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s")}
+        stages.append({"stage": s, "predicted": pred.__dict__,
+                       "measured": {k: v[0] for k, v in meas.items()} | {
+                           "activation_bytes": run_.stages[0][s].activation_bytes,
+                           "held_at_backward_bytes": run_.stages[0][s].held_at_backward_bytes},
+                       "spread": {k: [v[1], v[2]] for k, v in meas.items()}})
+    med, lo, hi = _spread(run_.iterations_s)
+    pred = run_.plan.predicted.iteration_time_s
+    cpu = sum(st.forward_s + st.backward_s for rep in run_.stages for st in rep)
+    wall = sum(st.compute_wall_s for rep in run_.stages for st in rep)
+    return {"plan": run_.name, "algo": run_.plan.algo, "profile_method": run_.profile.method,
+            "hardware": run_.profile.hardware.name, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
+            "iteration": {"predicted_s": pred, "measured_s": med, "spread_s": [lo, hi],
+                          "predicted_over_measured": pred / med, "repeats": run_.iterations_s}}
+
+
+def table(summaries: list[dict]) -> str:
+    """The plain-text report: per plan, per stage predicted / measured, then the iterations."""
+    lines = []
+    mib = 1 << 20
+    for s in summaries:
+        lines.append(f"plan {s['plan']} ({s['algo']})")
+        if s["profile_method"] != "measure":
+            lines.append(f"  note: its profile is {s['profile_method']} (times for {s['hardware']}), not measured here")
+        lines.append(f"  {'stage':<6}{'forward s':>22}{'backward s':>22}{'recompute in bwd s':>24}"
+                     f"{'early recompute s':>24}{'kept MiB':>20}{'peak MiB':>20}")
+        lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas':>22}{'pred exposed / meas':>24}"
+                     f"{'pred hidden / meas':>24}{'pred / meas':>20}{'pred / meas':>20}")
+        for st in s["stages"]:
+            p, m = st["predicted"], st["measured"]
+            lines.append(
+                f"  {st['stage']:<6}{p['forward_s']:>10.4f} / {m['forward_s']:<9.4f}"
+                f"{p['backward_s']:>10.4f} / {m['backward_s']:<9.4f}"
+                f"{p['recompute_in_backward_s']:>12.4f} / {m['recompute_in_backward_s']:<9.4f}"
+                f"{p['recompute_early_s']:>12.4f} / {m['recompute_early_s']:<9.4f}"
+                f"{p['held_at_backward_bytes'] / mib:>10.1f} / {m['held_at_backward_bytes'] / mib:<7.1f}"
+                f"{p['activation_bytes'] / mib:>10.1f} / {m['activation_bytes'] / mib:<7.1f}")
+        busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
+        lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
+                     f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
+        it = s["iteration"]
+        lines.append(f"  iteration: predicted {it['predicted_s']:.4f} s, measured median {it['measured_s']:.4f} s "
+                     f"[{it['spread_s'][0]:.4f}-{it['spread_s'][1]:.4f}], predicted/measured "
+                     f"{it['predicted_over_measured']:.3f}")
+    share = min(s["cpu_share"] for s in summaries)
+    lines.append(f"compute got {share:.0%} of a CPU (CPU time / wall time of the forward and backward chunks)"
+                 + (": the machine was busy, wall-clock times include waiting for a CPU" if share < 0.9 else ""))
+    by_algo = {s["algo"]: s["iteration"] for s in summaries}
+    if "full" in by_algo and "none" in by_algo:
+        full, none = by_algo["full"], by_algo["none"]
+        lines.append(f"full/none: predicted {full['predicted_s'] / none['predicted_s']:.3f}, "
+                     f"measured {full['measured_s'] / none['measured_s']:.3f}")
+    load = os.getloadavg()
+    lines.append(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""lynx validate runs plans in a real 2-stage gloo pipeline and reports predicted vs measured; lynx hardware
+calibrate writes a Hardware file that lynx profile accepts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lynx_planner import solvers
+from lynx_planner.cli import app
+from lynx_planner.io import dumps, file_sha256, load_model
+from lynx_planner.schema import Hardware
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_gpt_pipeline.py"
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> list[Path]:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt_pipeline as example
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    out = tmp_path_factory.mktemp("validate")
+    (out / "profile.json").write_text(dumps(example.profile()))
+    profile = load_model(out / "profile.json", type(example.profile()))
+    paths = []
+    for algo in ("none", "full"):
+        plan = solvers.plan(profile, "profile.json", file_sha256(out / "profile.json"), algo, 1 << 60)
+        (out / f"{algo}.json").write_text(dumps(plan))
+        paths.append(out / f"{algo}.json")
+    return paths
+
+
+def test_validate_runs_both_plans_and_measures_each_stage(plans):
+    result = CliRunner().invoke(app, ["validate", str(plans[0]), str(EXAMPLE), "--also", str(plans[1]),
+                                      "--repeats", "1", "--warmup", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    none, full = json.loads(result.output)
+    assert (none["algo"], full["algo"]) == ("none", "full")
+    for summary in (none, full):
+        assert [s["stage"] for s in summary["stages"]] == [0, 1]
+        for s in summary["stages"]:
+            assert s["measured"]["forward_s"] > 0 and s["measured"]["backward_s"] > 0
+            assert s["measured"]["held_at_backward_bytes"] > 0
+        assert summary["iteration"]["measured_s"] > 0
+    for a, b in zip(none["stages"], full["stages"]):
+        assert a["measured"]["recompute_in_backward_s"] == 0 < b["measured"]["recompute_in_backward_s"]
+        assert b["measured"]["held_at_backward_bytes"] < a["measured"]["held_at_backward_bytes"]
+
+
+def test_validate_needs_the_plans_profile(plans, tmp_path):
+    lone = tmp_path / "plan.json"
+    lone.write_text(plans[0].read_text())
+    result = CliRunner().invoke(app, ["validate", str(lone), str(EXAMPLE)])
+    assert result.exit_code == 2
+    assert "profile" in result.output and "Traceback" not in result.output
+
+
+def test_calibrate_writes_hardware_that_profile_accepts(tmp_path):
+    hw_path = tmp_path / "hw.json"
+    result = CliRunner().invoke(app, ["hardware", "calibrate", "-o", str(hw_path), "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    hw = load_model(hw_path, Hardware)
+    assert (hw.device, hw.backend, hw.threads) == ("cpu", "gloo", 1)
+    assert hw.peak_flops > 1e8 and hw.hbm_bytes_per_s > 1e8 and hw.p2p_bytes_per_s > 0 and hw.interference >= 1
+    profile = tmp_path / "p.json"
+    result = CliRunner().invoke(app, ["profile", "gpt-1.3b", "--hardware", str(hw_path), "-o", str(profile)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(profile.read_text())["hardware"]["backend"] == "gloo"
+
+
+def test_hardware_without_action_still_lists_and_rejects_unknown_actions():
+    assert "a100-80g-nvlink" in CliRunner().invoke(app, ["hardware"]).output
+    result = CliRunner().invoke(app, ["hardware", "measure"])
+    assert result.exit_code == 2 and "calibrate" in result.output
+    assert CliRunner().invoke(app, ["hardware", "calibrate"]).exit_code == 2  # -o is required
