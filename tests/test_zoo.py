@@ -11,13 +11,6 @@ pytest.importorskip("transformers")
 import zoo  # noqa: E402
 from zoo_models import NAMES  # noqa: E402
 
-# runtime/keep.py names the producer of a storage by the op that created it, the profiler by the op that wrote it
-# last (an in-place op takes it over: recorder.py). Where a plan keeps an in-place op's output (nn.Dropout on CPU is
-# empty_like + bernoulli_ + div_ + mul; the kept unit is div_), the runtime drops it and recomputes it: gradients
-# stay identical, but live bytes are below the prediction (-11% to -39%). Strict: these fail once keep.py lets
-# mutating ops take over the producer (then delete this set).
-KEEP_INPLACE_BUG = {"gpt2", "opt", "bert", "transformer_encoder"}
-
 _cells: dict[tuple[str, str], zoo.Cell] = {}
 
 
@@ -42,10 +35,7 @@ def test_loop(name, precision, workdir):
     assert all(c.passed.get(step) for step in zoo.STEPS), c.error
 
 
-@pytest.mark.parametrize("name,precision", [
-    pytest.param(n, p, marks=pytest.mark.xfail(n in KEEP_INPLACE_BUG, strict=True,
-                                               reason="runtime/keep.py: in-place ops do not own what they write"))
-    for n, p in CASES])
+@pytest.mark.parametrize("name,precision", CASES)
 def test_live_bytes_match_the_plan(name, precision, workdir):
     c = cell(name, precision, workdir)
     assert c.bytes_error is not None, c.error
