@@ -673,9 +673,11 @@ def check_cmd(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile the plan must be valid for.")]
     = None,
 ) -> None:
-    """Verify a plan: made for this profile (sha256); stage numbering, layer names and parallel setup are the
-    profile's; legal policies whose modes match them; fits memory; every predicted figure and the solver's status
-    match a fresh simulation. Prints the simulated figures. Exit 1 with the problems if not."""
+    """Verify a plan against its profile and a fresh simulation; exit 1 with the problems if anything differs.
+
+    Checked: made for this profile (sha256); stage numbering, layer names, parallel setup and precision are the
+    profile's; legal policies whose modes match them; placements that fire; fits memory; every predicted figure and
+    the solver's status match a fresh simulation. Prints the simulated figures."""
     from .evaluate import TIME_RTOL, Verdict, verify
 
     plan = _load_plan(plan_path)
@@ -757,8 +759,10 @@ def validate_cmd(
         "--also", metavar="PLAN.json", help="More plans of the same model, run interleaved in the same job.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
-    """Run plans in a real torch.distributed.pipelining job here (gloo, one process per stage) and print predicted vs
-    measured per stage (forward, backward, recomputation, activation bytes) and the iteration time."""
+    """Run plans for real in a torch.distributed.pipelining job here and print predicted vs measured.
+
+    One gloo process per stage, plans interleaved; per stage forward, backward, recomputation and activation bytes,
+    then the iteration time with its spread over the repeats."""
     from . import validate
 
     if not model_path.is_file():
