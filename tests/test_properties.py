@@ -63,9 +63,12 @@ pipelines = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+# Derandomized so CI cannot flake; the pinned examples are cases random runs found (set derandomize=False and run
+# with --hypothesis-seed=N to explore further).
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(pipelines)
 @example({"tp": 2, "pp": 1, "mb": 1, "m_factor": 1, "hardware": "a100-80g-nvlink", "attention": "math", "frac": 0.25})
+@example({"tp": 1, "pp": 1, "mb": 1, "m_factor": 1, "hardware": "a100-80g-nvlink", "attention": "math", "frac": 0.0625})
 def test_random_pipelines(cfg):
     prof = small_profile(tp=cfg["tp"], pp=cfg["pp"], mb=cfg["mb"], m=cfg["pp"] * cfg["m_factor"],
                          hardware=cfg["hardware"], layers=6, seq=512, attention=cfg["attention"])
@@ -79,8 +82,11 @@ def test_random_pipelines(cfg):
     # reports. (OPT itself can lose to a baseline by its model's error: hypothesis found Checkmate 0.09% ahead on a
     # one-stage, one-micro-batch pipeline, where OPT reported a 2.5% gap.) HEU beats Megatron's strategies; its
     # knapsack rounds memory, so at a limit met within kilobytes the exact MILPs can beat it.
-    assert gaps["opt"] is not None
-    assert times["opt"] * (1 - gaps["opt"]) <= best_baseline * (1 + 1e-9)
+    # Where no MILP gave a bound (its model found the limit infeasible), OPT returns HEU's plan and claims nothing.
+    if gaps["opt"] is not None:
+        assert times["opt"] * (1 - gaps["opt"]) <= best_baseline * (1 + 1e-9)
+    else:
+        assert times["opt"] == times["heu"]
     assert times["heu"] <= min(t for a, t in times.items() if a in ("full", "selective", "block")) * (1 + 1e-9)
     again = solvers.solve(prof, "heu", limit)
     assert again.evaluation.predicted.iteration_time_s == times["heu"]
