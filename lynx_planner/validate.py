@@ -23,7 +23,6 @@ import os
 import statistics
 import tempfile
 import time
-import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -96,41 +95,6 @@ def _squares(output, target):
     return output.float().pow(2).mean()
 
 
-class _LiveBytes:
-    """Bytes of tensor storages created under it (not views, not in-place results) still alive."""
-
-    def __init__(self):
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        tracker = self
-        self.cur, self.peak, self.peak_at_backward = 0, 0, 0
-        self._seen: dict[int, weakref.ref] = {}
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                schema = func._schema
-                if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-                    return out
-                for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        st = t.untyped_storage()
-                        key, nbytes = st._cdata, st.nbytes()
-                        if nbytes and key not in tracker._seen:
-                            tracker._seen[key] = weakref.ref(st, lambda _r, k=key, n=nbytes: tracker._free(k, n))
-                            tracker.cur += nbytes
-                tracker.peak = max(tracker.peak, tracker.cur)
-                return out
-
-        self.mode = Mode()
-
-    def _free(self, key: int, nbytes: int) -> None:
-        self._seen.pop(key, None)
-        self.cur -= nbytes
-
-
 def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path: str, repeats: int, warmup: int,
             threads: int, dtype: str, out_dir: str) -> None:
     import torch
@@ -138,6 +102,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from .profiler import load_model_file
+    from .profiler.memory import LiveBytes
     from .runtime import apply_plan, attach
     from .runtime import region as region_module
 
@@ -196,7 +161,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
 
                 def backward_one_chunk(*a, **k):
                     if tracker[0] is not None:
-                        tracker[0].peak_at_backward = max(tracker[0].peak_at_backward, tracker[0].cur)
+                        held_at_backward[0] = max(held_at_backward[0], tracker[0].live)
                     in_backward[0] = True
                     t0, w0 = clock(), time.perf_counter()
                     try:
@@ -210,7 +175,8 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
 
             wrap()
             jobs.append((module, schedule, batch, target, times))
-        tracker: list[_LiveBytes | None] = [None]
+        tracker: list[LiveBytes | None] = [None]
+        held_at_backward = [0]
 
         def iteration(job) -> tuple[float, StageTimes]:
             module, schedule, batch, target, times = job
@@ -243,11 +209,11 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                 results[i]["iterations"].append(wall)
                 results[i]["stages"].append(st.__dict__)
         for i, job in enumerate(jobs):
-            tracker[0] = _LiveBytes()
-            with tracker[0].mode:
+            tracker[0], held_at_backward[0] = LiveBytes(), 0
+            with tracker[0]:
                 iteration(job)
             results[i]["activation_bytes"] = tracker[0].peak
-            results[i]["held_at_backward_bytes"] = tracker[0].peak_at_backward
+            results[i]["held_at_backward_bytes"] = held_at_backward[0]
             tracker[0] = None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     finally:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import socket
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from lynx_planner import policy
 from lynx_planner.analytic import gpt_profile
 from lynx_planner.models.catalog import GPTConfig
 from lynx_planner.models.gpt_block import GPTBlock
 from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.profiler.memory import LiveBytes  # noqa: F401  (re-exported for the runtime tests)
 from lynx_planner.schema import (
     LayerPolicy,
     ParallelConfig,
@@ -110,39 +108,6 @@ class Stage(nn.Module):
 def inputs(n: int, dtype: torch.dtype = torch.bfloat16, seed: int = 1) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(SEQ, 1, HIDDEN, generator=g).to(dtype).requires_grad_() for _ in range(n)]
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of the tensor storages that ops create under this mode (not views, not in-place results) still alive:
-    parameters and inputs are never counted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cur = 0
-        self._seen: dict[int, weakref.ref] = {}
-
-    def _free(self, key: int, nbytes: int) -> None:
-        self._seen.pop(key, None)
-        self.cur -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
-            return out
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key, nbytes = storage._cdata, storage.nbytes()
-                if nbytes and key not in self._seen:
-                    self._seen[key] = weakref.ref(storage, lambda _r, k=key, n=nbytes: self._free(k, n))
-                    self.cur += nbytes
-        return out
-
-    def bytes_of(self, tensors: list[torch.Tensor]) -> int:
-        """Bytes of those tensors' storages that this mode counts."""
-        keys = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
-        return sum(n for k, n in keys.items() if k in self._seen)
 
 
 def free_port() -> int:

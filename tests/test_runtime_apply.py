@@ -52,7 +52,7 @@ def run(plan=None, autocast: bool = False, model: torch.nn.Module = BASE):
                 runtime.micro_batch = mb
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 outs.append(model(x))
-        live = mem.cur - mem.bytes_of(outs)
+        live = mem.live - mem.bytes_of(outs)
     for mb, out in enumerate(outs):
         if runtime:
             runtime.trigger(mb, "prev_forward")

@@ -12,12 +12,14 @@ from .tracing import fresh_arguments, split_arguments
 
 
 class LiveBytes(TorchDispatchMode):
-    """Bytes of the tensor storages first created under this mode and still alive (keyed by storage `_cdata`,
-    which fake and real tensors both have). Storages of `ignore` tensors are never counted."""
+    """Bytes of the tensor storages that ops create under this mode and that are still alive (`live`), and the most
+    alive at once (`peak`). Views and in-place results are not new storages; storages of `ignore` tensors are never
+    counted. Keyed by storage `_cdata`, which fake and real tensors both have. The one probe of live memory: the
+    profiler's ground truth, `lynx validate`'s measurement and the runtime tests all use it."""
 
     def __init__(self, ignore: list[torch.Tensor] = ()):
         super().__init__()
-        self.live = 0
+        self.live = self.peak = 0
         self._seen: dict[int, weakref.ref] = {}
         self._ignore = {t.untyped_storage()._cdata for t in ignore}
 
@@ -27,13 +29,22 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+            return out
         for t in tensors_in(out):
             storage = t.untyped_storage()
             key, nbytes = storage._cdata, storage.nbytes()
             if nbytes and key not in self._seen and key not in self._ignore:
                 self._seen[key] = weakref.ref(storage, lambda _r, k=key, n=nbytes: self._free(k, n))
                 self.live += nbytes
+        self.peak = max(self.peak, self.live)
         return out
+
+    def bytes_of(self, tensors: list[torch.Tensor]) -> int:
+        """Bytes of those tensors' storages that this mode counts."""
+        keys = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+        return sum(n for k, n in keys.items() if k in self._seen)
 
 
 def saved_bytes_after_forward(module: torch.nn.Module, args: tuple, kwargs: dict | None = None) -> int:
@@ -43,5 +54,4 @@ def saved_bytes_after_forward(module: torch.nn.Module, args: tuple, kwargs: dict
     ignore = [*module.parameters(), *module.buffers(), *([first] if first is not None else []), *others]
     with LiveBytes(ignore) as mem:
         out = module(*args, **kwargs)
-    outputs = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors_in(out)}
-    return mem.live - sum(n for key, n in outputs.items() if key in mem._seen)
+    return mem.live - mem.bytes_of(tensors_in(out))
