@@ -54,6 +54,17 @@ def solve_all(profile: Profile, limit: int, algos=None, time_limit: float = 30,
     return out
 
 
+def lynx(*args):
+    """Run the `lynx` command in-process (typer's CliRunner); a traceback in its output is always a bug."""
+    from typer.testing import CliRunner
+
+    from lynx_planner.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
 @pytest.fixture
 def profile() -> Profile:
     return small_profile()

@@ -11,23 +11,15 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from typer.testing import CliRunner
+from conftest import lynx
 
 from lynx_planner import evaluate
-from lynx_planner.cli import app
 from lynx_planner.io import load_model
 from lynx_planner.schema import Plan, Profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "profiles" / "gpt-1.3b-a100-80g-pcie-tp2-pp2-mb2-m8.json"  # bench/ci's first case
 LIMIT = "7.0625GiB"
-runner = CliRunner()
-
-
-def lynx(*args: str | Path):
-    r = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in r.output, r.output
-    return r
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import types
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from conftest import lynx
 
 from lynx_planner import solvers
-from lynx_planner.cli import app
 from lynx_planner.io import file_sha256, load_model
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.schema import Plan, Profile
@@ -21,13 +20,6 @@ from lynx_planner.schema import Plan, Profile
 BASELINES = ["none", "full", "selective", "uniform", "block"]
 COMPARE_KEYS = {"algo", "iteration_time_s", "speedup_vs_full", "peak_memory_bytes", "fits", "search_time_s"}
 
-runner = CliRunner()
-
-
-def lynx(*args: str | Path):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output, result.output
-    return result
 
 
 @pytest.fixture(scope="module")

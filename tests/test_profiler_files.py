@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import lynx
 from torch import nn
-from typer.testing import CliRunner
 
-from lynx_planner.cli import app
 from lynx_planner.io import load_model
 from lynx_planner.profiler.structure import layer_modules
 from lynx_planner.schema import Profile
@@ -22,8 +21,6 @@ GPT = str(ROOT / "examples" / "gpt_model.py")
 BLOCK = "from lynx_planner.models.gpt_block import GPTBlock\n"
 
 
-def lynx(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def write(tmp_path, text: str) -> Path:
