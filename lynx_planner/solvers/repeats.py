@@ -23,6 +23,7 @@ MAX_PERIOD = 64  # ops per copy considered (an expert is a handful)
 class Folded:
     block: Block  # the block with each repeat folded into its first copy
     copies: dict[str, tuple[str, ...]]  # folded op id -> the ids it stands for (every copy's op at that position)
+    rep: dict[str, str]  # op id of a copy -> the folded op standing for it
     groups: int  # repeats folded
 
 
@@ -141,4 +142,4 @@ def fold(block: Block) -> Folded | None:
         folded = Block(name=block.name, input_bytes=block.input_bytes, output_bytes=block.output_bytes, ops=merged)
     except ValueError:
         return None
-    return Folded(folded, {r: tuple(ids) for r, ids in copies.items()}, len(runs))
+    return Folded(folded, {r: tuple(ids) for r, ids in copies.items()}, rep, len(runs))
