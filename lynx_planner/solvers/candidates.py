@@ -59,6 +59,7 @@ EPS_FIRST, EPS_STEP, EPS_LAST = 0.002, 4.0, 0.512
 
 _memo: dict[int, tuple[Block, Frontier]] = {}
 _deadline: list[float | None] = [None]
+_served: list[dict[str, Frontier]] = []  # open logs of served frontiers (see `served`)
 
 
 class _OverWork(Exception):
@@ -76,6 +77,17 @@ def time_limit(deadline: float | None):
         _deadline[0] = saved
 
 
+@contextmanager
+def served():
+    """Within this block, the frontiers handed out, by block name (a search's record of its candidates)."""
+    log: dict[str, Frontier] = {}
+    _served.append(log)
+    try:
+        yield log
+    finally:
+        _served.remove(log)
+
+
 def _late() -> bool:
     return _deadline[0] is not None and time.perf_counter() >= _deadline[0]
 
@@ -83,8 +95,13 @@ def _late() -> bool:
 def frontier(block: Block) -> Frontier:
     """The block's candidates (sorted by kept bytes, ascending; the last keeps everything) and their bound."""
     hit = _memo.get(id(block))
-    if hit is not None and hit[0] is block:
-        return hit[1]
+    got = hit[1] if hit is not None and hit[0] is block else _build(block)
+    for log in _served:
+        log[block.name] = got
+    return got
+
+
+def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
     folded = repeats.fold(block)
     if folded is None:
