@@ -14,7 +14,8 @@ step may add at most one tolerance, so with tolerances of eps / (ops) of the blo
 saved bytes, every exact Pareto policy is matched by a returned candidate that keeps no more bytes, replays no more
 collectives, and recomputes at most eps of the block's forward time (regenerates at most eps of its saved bytes)
 more. eps grows by EPS_STEP until the work fits the cap; `bound(block)` says which eps the frontier has (0: exact).
-Identical sub-structures (identical experts) make tied partial policies, which the pruning merges.
+A block whose exact search is over FOLD_CAP and that has repeated sub-structures (experts, solvers/repeats.py) is
+searched folded: each repeat decided as a group, every copy alike (a subset of the policies, said in the plan).
 
 `time_limit(deadline)` charges the search against a solver's clock: past the deadline a frontier is built with the
 largest tolerance at once (a few candidates, quickly) and is not remembered for later searches.
@@ -55,6 +56,7 @@ class Frontier:
 
 
 WORK_CAP = 200_000  # partial policies one frontier search may create before it is bounded (about a second)
+FOLD_CAP = 20_000  # past this much work, a block with repeats is searched folded (decided as groups) instead
 EPS_FIRST, EPS_STEP, EPS_LAST = 0.002, 4.0, 0.512
 
 _memo: dict[int, tuple[Block, Frontier]] = {}
@@ -103,16 +105,20 @@ def frontier(block: Block) -> Frontier:
 
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
-    folded = repeats.fold(block)
-    if folded is None:
-        got = (None if _late() else _bounded(info, 0.0)) or _bounded(info, EPS_FIRST)
-    else:  # decided as groups: each folded candidate's keep set spread over every copy, its recomputation derived
-        small_info = policy.analyse(folded.block)
-        small = _bounded(small_info, 0.0) or _bounded(small_info, EPS_FIRST)
-        got = Frontier(_frontier([_spread(info, folded, c) for c in small.candidates]), small.eps, folded.groups)
+    got = _bounded(info, 0.0, FOLD_CAP) or _large(block, info)  # exact when that is quick, repeats or not
     if got.exact or not _late():  # a frontier coarsened by a deadline is for that search only
         _memo[id(block)] = (block, got)  # holding the block keeps its id from being reused
     return got
+
+
+def _large(block: Block, info: policy.BlockInfo) -> Frontier:
+    folded = repeats.fold(block)
+    if folded is None:
+        return _bounded(info, 0.0) or _bounded(info, EPS_FIRST)
+    # decided as groups: each folded candidate's keep and recompute sets spread over every copy
+    small_info = policy.analyse(folded.block)
+    small = _bounded(small_info, 0.0) or _bounded(small_info, EPS_FIRST)
+    return Frontier(_frontier([_spread(info, folded, c) for c in small.candidates]), small.eps, folded.groups)
 
 
 def _spread(info: policy.BlockInfo, folded: repeats.Folded, c: Candidate) -> Candidate:
@@ -124,14 +130,14 @@ def _spread(info: policy.BlockInfo, folded: repeats.Folded, c: Candidate) -> Can
     return Candidate(keep, recompute, c.kept_bytes, c.rec_bytes, c.rec_s, c.replays_collective)
 
 
-def _bounded(info: policy.BlockInfo, eps: float) -> Frontier | None:
-    """The frontier at the least tolerance from `eps` up whose search fits WORK_CAP (None if exact was asked and
-    does not fit)."""
+def _bounded(info: policy.BlockInfo, eps: float, cap: int | None = None) -> Frontier | None:
+    """The frontier at the least tolerance from `eps` up whose search fits the cap (WORK_CAP by default; None if
+    exact was asked and does not fit)."""
     while True:
         if _late():
-            eps = max(eps, EPS_LAST) if eps else EPS_LAST
+            eps = EPS_LAST
         try:
-            return Frontier(_search(info, eps, None if eps >= EPS_LAST else WORK_CAP), eps)
+            return Frontier(_search(info, eps, None if eps >= EPS_LAST else cap or WORK_CAP), eps)
         except _OverWork:
             if eps == 0:
                 return None
