@@ -118,16 +118,17 @@ def _large(block: Block, info: policy.BlockInfo) -> Frontier:
     # decided as groups: each folded candidate's keep and recompute sets spread over every copy
     small_info = policy.analyse(folded.block)
     small = _bounded(small_info, 0.0) or _bounded(small_info, EPS_FIRST)
-    return Frontier(_frontier([_spread(info, folded, c) for c in small.candidates]), small.eps, folded.groups)
+    order = [(o, folded.rep.get(o, o)) for o in info.order if o in info.fwd_s]  # real ops, their folded op
+    return Frontier(_frontier([_spread(folded, order, c) for c in small.candidates]), small.eps, folded.groups)
 
 
-def _spread(info: policy.BlockInfo, folded: repeats.Folded, c: Candidate) -> Candidate:
+def _spread(folded: repeats.Folded, order: list[tuple[str, str]], c: Candidate) -> Candidate:
     """A candidate of the folded block as one of the block: every copy decided alike (the costs are the folded op's
     sums)."""
     keep = frozenset(x for k in c.keep for x in folded.copies.get(k, (k,)))
     rec = set(c.recompute)
-    recompute = tuple(o for o in info.order if folded.rep.get(o, o) in rec and o in info.fwd_s)
-    return Candidate(keep, recompute, c.kept_bytes, c.rec_bytes, c.rec_s, c.replays_collective)
+    return Candidate(keep, tuple(o for o, r in order if r in rec), c.kept_bytes, c.rec_bytes, c.rec_s,
+                     c.replays_collective)
 
 
 def _bounded(info: policy.BlockInfo, eps: float, cap: int | None = None) -> Frontier | None:
@@ -215,6 +216,9 @@ def _sweep(items: list, costs, tol_s: float, tol_b: float) -> list:
     """Keep each item (sorted by its first cost) that no kept one dominates on (seconds, bytes, replays), within the
     tolerances."""
     stairs = {False: ([], []), True: ([], [])}  # replays nothing / all: seconds ascending, bytes strictly descending
+    mixed = any(costs(item)[2] for item in items)
+    if not mixed:
+        stairs[True] = stairs[False]  # nothing replays a collective: one staircase serves both
     out = []
     for item in items:
         s, b, rep = costs(item)
@@ -223,7 +227,7 @@ def _sweep(items: list, costs, tol_s: float, tol_b: float) -> list:
         if i >= 0 and ys[i] <= b + tol_b:
             continue
         out.append(item)
-        for flag in ((True,) if rep else (False, True)):
+        for flag in ((True,) if rep or not mixed else (False, True)):
             xs, ys = stairs[flag]
             i = bisect_right(xs, s)
             if i > 0 and ys[i - 1] <= b:
