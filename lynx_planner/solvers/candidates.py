@@ -55,7 +55,7 @@ class Frontier:
         return self.eps == 0 and self.groups == 0
 
 
-WORK_CAP = 100_000  # partial policies one frontier search may create before it is bounded (under a second)
+WORK_CAP = 200_000  # partial policies one frontier search may create before it is bounded (about a second)
 FOLD_CAP = 20_000  # past this much work, a block with repeats is searched folded (decided as groups) instead
 EPS_FIRST, EPS_STEP, EPS_LAST = 0.01, 4.0, 0.64
 
