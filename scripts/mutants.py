@@ -8,7 +8,9 @@ its tests, and add a line to MUTANTS for each bug a test of yours is meant to ca
 
 A mutant is (file, original text, replacement, test files). The original must occur exactly once in the file (so a
 refactor that moves or rewrites the line shows up as `stale`, not as a silent pass). The file is restored after each
-run, also on Ctrl-C or an error (and a left-over backup from a killed run is put back at the next start).
+run, also on Ctrl-C, SIGTERM or an error (and a left-over backup from a killed run is put back at the next start).
+By default it works on a scratch copy of the checkout (so you can keep editing while it runs); --in-place mutates
+the checkout itself.
 Outcomes: caught (a test failed), survived (all passed), stale (the original text is not in the file once).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +53,9 @@ MUTANTS: list[Mutant] = [
       'key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo == "heu", r.algo))', B, "test_tune.py",
       what="ranking tie-break inverted"),
     M("tune.py", "if best_possible < min(heu_bar, meg_bar):", "if best_possible < max(heu_bar, meg_bar):", B,
-      "test_tune.py", what="HEU pruned by Megatron's bar"),
+      "test_tune.py", what="layouts pruned by the higher bar"),
+    M("tune.py", "heu=best_possible >= heu_bar)", "heu=best_possible >= meg_bar)", B, "test_tune.py",
+      what="HEU planned by Megatron's bar"),
     M("tune.py", "MICRO_BATCH_SIZES = (1, 2, 4, 8)", "MICRO_BATCH_SIZES = (1, 2, 4)", B, "test_tune.py",
       what="micro-batch sizes without 8"),
     M("tune.py", "return (m + p - 1) * work / p", "return m * work / p", B, "test_tune.py",
@@ -137,20 +142,31 @@ MUTANTS: list[Mutant] = [
 ]
 
 
+def scratch_copy() -> Path:
+    """A copy of the checkout (without .git and caches) to mutate."""
+    import tempfile
+
+    dest = Path(tempfile.mkdtemp(prefix="lynx-mutants-")) / "repo"
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache",
+                                                              ".hypothesis", "*.mutant-backup"))
+    return dest
+
+
 def _backup(path: Path) -> Path:
     return path.with_name(path.name + ".mutant-backup")
 
 
-def restore_leftovers() -> None:
+def restore_leftovers(root: Path) -> None:
     """A run killed hard (SIGKILL) leaves its backup: put it back."""
-    for backup in (ROOT / PKG).rglob("*.mutant-backup"):
+    for backup in (root / PKG).rglob("*.mutant-backup"):
         shutil.move(backup, backup.with_name(backup.name.removesuffix(".mutant-backup")))
         print(f"restored {backup.name.removesuffix('.mutant-backup')} from a killed run", file=sys.stderr)
 
 
-def run_one(mut: Mutant, timeout: float) -> tuple[str, float, str]:
-    """(outcome, seconds, first failing test) of one mutant; the file is always restored."""
-    path = ROOT / PKG / mut.file
+def run_one(mut: Mutant, timeout: float, root: Path = ROOT) -> tuple[str, float, str]:
+    """(outcome, seconds, first failing test) of one mutant in the checkout at `root`; the file is always
+    restored."""
+    path = root / PKG / mut.file
     text = path.read_text()
     if text.count(mut.original) != 1:
         return "stale", 0.0, f"original found {text.count(mut.original)} times"
@@ -161,9 +177,9 @@ def run_one(mut: Mutant, timeout: float) -> tuple[str, float, str]:
         path.write_text(text.replace(mut.original, mut.replacement))
         tests = [t if "/" in t else f"tests/{t}" for t in mut.tests]
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return "caught", time.perf_counter() - t0, f"timeout after {timeout:g} s"
         failed = [ln.split(" ")[1] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
@@ -175,29 +191,42 @@ def run_one(mut: Mutant, timeout: float) -> tuple[str, float, str]:
         shutil.move(backup, path)  # also on KeyboardInterrupt
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    # explicit: a background job starts with SIGINT ignored, and kill sends SIGTERM; both must restore the file
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("select", nargs="*", help="run the mutants whose file or description contains one of these")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (then: caught)")
+    ap.add_argument("--in-place", action="store_true", help="mutate this checkout instead of a scratch copy")
     args = ap.parse_args()
-    restore_leftovers()
+    restore_leftovers(ROOT)
+    root = ROOT if args.in_place or args.list else scratch_copy()
     chosen = [m for m in MUTANTS if not args.select or any(w in m.file or w in m.what for w in args.select)]
     print("| # | file | bug | tests | outcome | caught by | s |")
     print("|---|---|---|---|---|---|---|")
     counts: dict[str, int] = {}
-    for i, mut in enumerate(chosen, 1):
-        what = (mut.what or mut.replacement).replace("|", "\\|")
-        if args.list:
-            print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | | | |", flush=True)
-            continue
-        try:
-            outcome, secs, by = run_one(mut, args.timeout)
-        except KeyboardInterrupt:
-            print("interrupted: the file is restored", file=sys.stderr)
-            return 130
-        counts[outcome] = counts.get(outcome, 0) + 1
-        print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | {outcome} | {by} | {secs:.0f} |", flush=True)
+    try:
+        for i, mut in enumerate(chosen, 1):
+            what = (mut.what or mut.replacement).replace("|", "\\|")
+            if args.list:
+                print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | | | |", flush=True)
+                continue
+            outcome, secs, by = run_one(mut, args.timeout, root)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | {outcome} | {by} | {secs:.0f} |",
+                  flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the mutated file is restored", file=sys.stderr)
+        return 130
+    finally:
+        if root != ROOT:
+            shutil.rmtree(root.parent, ignore_errors=True)
     if not args.list:
         print("\n" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f" of {len(chosen)}")
     return 1 if counts.get("survived") or counts.get("stale") else 0
