@@ -420,7 +420,20 @@ def _swallowing(real):
     return solve
 
 
-def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypatch):
+@pytest.fixture
+def sigint_default():
+    """Ctrl-C handled as a terminal's interactive session does, whatever pytest inherited (a background job or CI
+    runner starts with SIGINT ignored, and lynx then rightly keeps ignoring it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_default_in_child() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # then Python installs its KeyboardInterrupt handler at start
+
+
+def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypatch, sigint_default):
     from lynx_planner import solvers
 
     monkeypatch.setattr(solvers, "solve", _swallowing(solvers.solve))
@@ -442,7 +455,8 @@ def test_ctrl_c_during_highs_exits_130_and_writes_nothing(tmp_path):
     for i in range(len(delays)):
         procs.append(subprocess.Popen([sys.executable, "-m", "lynx_planner.cli", "plan", str(prof), "--algo", "opt",
                                        "--memory-limit", "10GiB", "-o", str(tmp_path / f"plan{i}.json")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root))
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root,
+                                      preexec_fn=_sigint_default_in_child))
     start = time.monotonic()
     for proc, delay in zip(procs, delays):
         time.sleep(max(0.0, start + delay - time.monotonic()))
