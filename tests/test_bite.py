@@ -78,9 +78,10 @@ def test_balanced_ideal_is_tight_on_a_uniform_pipeline(pp, m):
 
 
 def test_tune_search_equals_planning_every_layout(tiny):
-    """The pruned search's table is what planning every layout with HEU and Megatron gives (a second method)."""
-    limit = 40 * 2**30
-    got = tune.tune(tiny, 4, HW, 8, SEQ, limit, top=3, make_plan=False)
+    """The search's table (room for every layout, so nothing may be skipped) is what planning every layout with HEU
+    and Megatron gives (a second method): each layout's row is the best of all its algorithms."""
+    limit = 3 * 2**28  # 0.75 GiB: between full and no recomputation's peaks on most layouts
+    got = tune.tune(tiny, 4, HW, 8, SEQ, limit, top=100, make_plan=False)
     profiles = tune.Profiles(tiny, HW, SEQ, True)
     rows = []
     for lay in tune.layouts(4, HW, 8, TINY.num_layers, TINY.heads, SEQ):
@@ -89,12 +90,11 @@ def test_tune_search_equals_planning_every_layout(tiny):
             rows += [tune.simulate_full(prof, r, limit, 8 * SEQ, 4)
                      for r in tune.plan_layout(prof, lay, limit, 8 * SEQ, 4)]
     best = {}
-    for r in sorted((r for r in rows if r.fits), key=lambda r: -r.tokens_per_s_per_gpu):
+    for r in sorted((r for r in rows if r.fits), key=lambda r: (-r.tokens_per_s_per_gpu, r.algo != "heu")):
         best.setdefault(r.layout, r)
-    expect = sorted(best.values(), key=lambda r: -r.tokens_per_s_per_gpu)[:3]
-    assert [r.layout for r in got.top] == [r.layout for r in expect]
-    for a, b in zip(got.top, expect):
-        assert a.tokens_per_s_per_gpu == pytest.approx(b.tokens_per_s_per_gpu, rel=1e-9)
+    assert {r.layout for r in got.top} == set(best)
+    for r in got.top:  # HEU and Megatron's `none` can tie to the last bits: compare what each layout achieves
+        assert r.tokens_per_s_per_gpu == pytest.approx(best[r.layout].tokens_per_s_per_gpu, rel=1e-9), r.layout
     heu = [r for r in rows if r.algo == "heu" and r.fits]
     assert max(r.tokens_per_s_per_gpu for r in got.top) >= max(r.tokens_per_s_per_gpu for r in heu) * (1 - 1e-9)
 
