@@ -513,3 +513,28 @@ def test_opt_gives_more_memory_to_lower_layers(tp, pp, m, frac):
         runs = simulator.stage_runs(prof, st.layers[0], st.layers[1], st.policies)
         kept = [r.kept_bytes for r in runs if prof.layers[r.index].block == rep][:-1]
         assert kept == sorted(kept, reverse=True), (st.stage, kept)
+
+
+def test_tune_then_export_gives_megatron_the_layout_tune_chose(tiny, tmp_path):
+    """tune -> plan.json -> export -> Megatron's argument parse: the same TP, PP, DP (from the world size), micro-batch
+    and global batch as the table's best row, and the export refuses nothing `check` accepts."""
+    from lynx_planner.io import load_model
+    from lynx_planner.schema import Plan, Profile
+
+    gpus, batch = 8, 16
+    result = tune.tune(tiny, gpus, HW, batch, SEQ, 3 * 2**28, top=3)
+    tune.write_outputs(result, tmp_path)
+    plan = load_model(tmp_path / "plan.json", Plan)
+    prof = load_model(tmp_path / "profile.json", Profile)
+    assert ev.check(plan, prof) == []
+    best = result.top[0].layout
+    _, args = exported(prof, plan)
+    dp = gpus // (args.tensor_model_parallel_size * args.pipeline_model_parallel_size)
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, dp) == (best.tp, best.pp, best.dp)
+    assert (args.micro_batch_size, args.global_batch_size, args.sequence_parallel) == \
+        (best.micro_batch_size, batch, best.sequence_parallel)
+    titan = export.torchtitan(plan, prof)
+    degrees = titan["parallelism"]
+    assert degrees["tensor_parallel_degree"] * degrees["pipeline_parallel_degree"] * \
+        degrees.get("data_parallel_shard_degree", 1) * degrees.get("data_parallel_replicate_degree", 1) == gpus
+    assert titan["training"]["global_batch_size"] == batch
