@@ -538,3 +538,20 @@ def test_tune_then_export_gives_megatron_the_layout_tune_chose(tiny, tmp_path):
     assert degrees["tensor_parallel_degree"] * degrees["pipeline_parallel_degree"] * \
         degrees.get("data_parallel_shard_degree", 1) * degrees.get("data_parallel_replicate_degree", 1) == gpus
     assert titan["training"]["global_batch_size"] == batch
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# profiler
+
+
+def test_layers_of_one_class_fed_other_shapes_are_other_blocks():
+    """The upper two blocks see half the sequence: they are a block type of their own, with half the input bytes
+    (merged with the lower ones, their activations would be counted twice as large)."""
+    from lynx_planner.build import build_profile
+
+    prof = build_profile(str(Path(__file__).parent / "models" / "halves.py"), ParallelConfig(), HW)
+    blocks = [l.block for l in prof.layers if l.name.startswith("layers.")]
+    assert blocks[0] == blocks[1] != blocks[2] == blocks[3]
+    lower, upper = prof.blocks[blocks[0]], prof.blocks[blocks[2]]
+    assert upper.input_bytes * 2 == lower.input_bytes
+    assert sum(o.out_bytes for o in upper.ops) * 2 == sum(o.out_bytes for o in lower.ops)
