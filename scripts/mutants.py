@@ -44,11 +44,13 @@ def M(file: str, original: str, replacement: str, *tests: str, what: str = "") -
 
 
 B = "test_bite.py"  # this round's mutation-killing tests
+BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
     # tune.py
-    M("tune.py", "if pp > num_layers:", "if pp >= num_layers:", B, "test_tune.py", what="pp > layers -> >="),
+    M("tune.py", "for pp in divisors(gpus // tp, at_most=num_layers):",
+      "for pp in divisors(gpus // tp, at_most=num_layers - 1):", B, "test_tune.py", what="pp > layers -> >="),
     M("tune.py", 'key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo != "heu", r.algo))',
       'key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo == "heu", r.algo))', B, "test_tune.py",
       what="ranking tie-break inverted"),
@@ -138,6 +140,25 @@ MUTANTS: list[Mutant] = [
     M("profiler/recorder.py", "view = not inplace and all(k in in_keys for k in out_keys)",
       "view = not inplace and any(k in in_keys for k in out_keys)", B, "test_profiler_model.py",
       what="view detection all -> any"),
+    # this round's bad-input guards (tests/test_bad_input_bounds.py)
+    M("tune.py", "    while d * d <= n:", "    while d * d < n:", BI, what="divisors miss the square root"),
+    M("tune.py", "or global_batch // (mbs * dp) > MAX_MICROBATCHES:", "or global_batch // (mbs * dp) >= MAX_MICROBATCHES:",
+      BI, what="layouts at exactly 4096 micro-batches skipped"),
+    M("evaluate.py", "if not st.layers[0] <= p.layers[0] <= p.layers[1] <= st.layers[1]]",
+      "if not st.layers[0] <= p.layers[0] <= p.layers[1]]", BI, what="policy end not bounded by the stage"),
+    M("evaluate.py", "if plan.memory_limit_bytes > profile.hardware.memory_bytes:",
+      "if plan.memory_limit_bytes >= profile.hardware.memory_bytes:", BI, what="limit = device memory refused"),
+    M("export.py", 'half = profile.autocast or (profile.dtype if profile.dtype else "bf16")',
+      'half = profile.dtype if profile.dtype else "bf16"', BI, what="autocast ignored by the precision flag"),
+    M("cli.py", '    for name in ("profile.json", "plan.json"):\n        _check_output(out_dir / name, "--out")',
+      '    for name in ("profile.json",):\n        _check_output(out_dir / name, "--out")', BI,
+      what="tune --out: plan.json not checked first"),
+    M("cli.py", "    problems = verify(plan, prof).problems  # what", "    problems = []  # what", BI,
+      what="export does not check the plan"),
+    M("cli.py", "            real(code)\n        raise _HardExit(code)", "            real(code)\n        real(code)", BI,
+      what="os._exit in a model file not intercepted"),
+    M("plot.py", "write_atomic(path, buf.getvalue())", "path.unlink(missing_ok=True); path.write_bytes(buf.getvalue())",
+      BI, what="plot replaces a symlink instead of its target"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
