@@ -555,3 +555,79 @@ def test_layers_of_one_class_fed_other_shapes_are_other_blocks():
     lower, upper = prof.blocks[blocks[0]], prof.blocks[blocks[2]]
     assert upper.input_bytes * 2 == lower.input_bytes
     assert sum(o.out_bytes for o in upper.ops) * 2 == sum(o.out_bytes for o in lower.ops)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# runtime
+
+
+def test_replayed_random_op_first_in_its_submodule_draws_the_same_numbers():
+    """The layer keeps the first mask and recomputes the second. Replaying the second draw from the submodule's RNG
+    snapshot must first redo the draw made right at that snapshot (the submodule's first op): gradients then equal
+    a plain run's, step after step."""
+    import copy
+
+    import torch
+
+    import lynx_planner
+    from lynx_planner.build import build_profile
+    from lynx_planner.profiler.loading import load_model_file
+
+    path = str(Path(__file__).parent / "models" / "twodrop.py")
+    prof = build_profile(path, ParallelConfig(), HW)
+    keep = frozenset({":tanh#0", "drops:gt#0"})
+    pols = [ev.layer_policy(prof, i, keep) for i in range(len(prof.layers))]
+    assert all("drops:rand_like#1" in p.recompute and "drops:rand_like#0" not in p.recompute for p in pols)
+    stages = ev.stage_plans(prof, [0, len(prof.layers)], pols)
+    plan = ev.make_plan(prof, "p.json", "0" * 64, "heu", 1 << 40, stages,
+                        solvers.solve(prof, "heu", 1 << 40).solver)
+    base, example = load_model_file(path)
+    planned = copy.deepcopy(base)
+    lynx_planner.apply_plan(planned, plan)
+    for step in range(3):
+        grads = []
+        for model in (base, planned):
+            model.zero_grad()
+            torch.manual_seed(step)
+            model(*example).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), step
+
+
+def test_a_forward_rerun_after_a_divergence_draws_the_forwards_dropout_mask():
+    """A layer that takes another branch than recorded (another number of saved tensors) is recomputed by running
+    its forward again; that re-run must draw the dropout mask the forward drew (the RNG state restored)."""
+    import copy
+
+    import torch
+    from runtime_utils import Spec, plan_from_policies, tiny_profile
+    from torch import nn
+
+    import lynx_planner
+    from lynx_planner.schema import LayerPolicy, StagePlan
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = nn.functional.dropout(self.lin(x), 0.5, self.training)
+            return torch.sin(y) if x.sum() > 0 else torch.cos(torch.sin(y))
+
+    torch.manual_seed(0)
+    base = nn.Sequential(Branchy())
+    plan = plan_from_policies(tiny_profile(1), [[Spec("full")]])
+    plan = plan.model_copy(update={"stages": [StagePlan(stage=0, layers=(0, 1), layer_names=["0"], policies=[
+        LayerPolicy(layers=(0, 1), block="x", mode="full")])]})
+    model = copy.deepcopy(base)
+    lynx_planner.apply_plan(model, plan)
+    xs = [torch.randn(4, 8).abs() * s for s in (1.0, -1.0, 1.0, -1.0)]
+    for i, x in enumerate(xs):
+        grads = []
+        for m in (copy.deepcopy(base), model):
+            m.zero_grad()
+            torch.manual_seed(i)
+            m(x).pow(2).sum().backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), i
