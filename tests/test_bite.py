@@ -448,8 +448,12 @@ def test_calibrate_recovers_a_simulated_machines_figures(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.Tensor, "__matmul__", matmul)  # the interference loop's GEMMs
     monkeypatch.setattr(torch, "distributed", fake_dist)
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed", fake_dist)
-    calibrate._links(0, 2, 0, "cpu", 1, 1, str(tmp_path))
-    monkeypatch.undo()
+    threads = torch.get_num_threads()
+    try:
+        calibrate._links(0, 2, 0, "cpu", 1, 1, str(tmp_path))  # sets the thread count, as a rank's process would
+    finally:
+        torch.set_num_threads(threads)  # later tests compare bits with results computed at this thread count
+        monkeypatch.undo()
     links = json.loads((tmp_path / "links.json").read_text())
     assert links["p2p_latency_s"] == pytest.approx(p2p_lat, rel=1e-3)  # one way
     assert links["p2p_bytes_per_s"] == pytest.approx(p2p_bw, rel=1e-3)
