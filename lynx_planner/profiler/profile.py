@@ -91,7 +91,7 @@ def _shapes(inputs: tuple) -> tuple[int, int, str]:
 def _group_by_ops(path: str, slots: list[LayerSlot], context) -> None:
     """Key each layer's block type by the ops it runs too: layers of one structure may take other paths."""
     for slot in slots:
-        ids = _user_code(path, f"running layer {slot.path!r}", op_ids, slot.module, slot.args, slot.kwargs or {},
+        ids = _user_code(path, f"running layer {slot.name!r}", op_ids, slot.module, slot.args, slot.kwargs or {},
                          context)
         slot.ops = ids
 
@@ -101,7 +101,7 @@ def _check_faithful(path: str, slot: LayerSlot, traced: BlockTrace) -> None:
     arguments (state, caches, randomness in control flow) and a plan could name ops that training never runs."""
     other = [op.id for op in traced.ops if op.id not in set(slot.ops)]
     if other:
-        raise InputError(f"{path}: layer {slot.path!r} ran other ops on a second forward with the same arguments "
+        raise InputError(f"{path}: layer {slot.name!r} ran other ops on a second forward with the same arguments "
                          f"({', '.join(other[:4])}): its forward is not deterministic, so lynx cannot make a "
                          "profile whose ops training will run")
 
@@ -164,7 +164,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     def context():
         return precision.forward_context(device)
 
-    slots = _user_code(path, "running the model's forward", capture_layers, model, inputs, context())
+    slots = _user_code(path, "running the model's forward", capture_layers, model, inputs, context)
     if not slots:
         raise InputError(f"{path}: the model's forward called none of its submodules: no layers to plan")
     params = sum(p.numel() for p in model.parameters())
@@ -180,7 +180,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         task = bar.add_task("trace", total=len(groups)) if bar else None
         traces = {}
         for name, group in groups.items():
-            traces[name] = _user_code(path, f"tracing layer {group[0].path!r}", trace, group[0].module,
+            traces[name] = _user_code(path, f"tracing layer {group[0].name!r}", trace, group[0].module,
                                       group[0].args, group[0].kwargs, context)
             _check_faithful(path, group[0], traces[name])
             if bar:
@@ -214,7 +214,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     for slot in slots:
         module_role = tensor_parallel.roles(traces[slot.block])[0]
         rank_params = tensor_parallel.rank_params(slot.module, module_role, parallel.tp, seen)
-        layers.append(Layer(block=slot.block, name=slot.path, params=rank_params, static_bytes=int(rank_params * bpp)))
+        layers.append(Layer(block=slot.block, name=slot.name, params=rank_params, static_bytes=int(rank_params * bpp)))
     extra = {"device": device, "inputs": described, "outside_params": outside,
              **{f"override.{k}": v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))}}
     if method == "measure":

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ..io import load_model
+from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
 from .errors import PlanMismatchError
 from .opids import ModuleScope
@@ -70,11 +71,23 @@ class LynxRuntime:
         self._stream = None
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
+        # A module used at several places (layer names 'path', 'path#1', ...) is wrapped once; its k-th call of a
+        # forward runs as its k-th use (calls counted modulo the uses: every forward calls each use once).
+        uses: dict[int, list[tuple[int, int]]] = {}
         for position, layer in enumerate(layers):
-            layer.module.forward = self._wrapped_forward(position, layer.module.forward)
+            uses.setdefault(id(layer.module), []).append((split_use(layer.path)[1], position))
+        for found in uses.values():
+            positions = [position for _, position in sorted(found)]
+            module = layers[positions[0]].module
+            module.forward = self._wrapped_forward(positions, module.forward)
 
-    def _wrapped_forward(self, position: int, forward: Any) -> Any:
+    def _wrapped_forward(self, positions: list[int], forward: Any) -> Any:
+        calls = 0
+
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            position = positions[calls % len(positions)]
+            calls += 1
             return self._forward(position, forward, args, kwargs)
         return wrapped
 
@@ -110,11 +123,19 @@ class LynxRuntime:
     def _check_ops(self, layer: _Layer, seen: frozenset[str]) -> None:
         named = [*layer.policy.keep, *layer.policy.recompute]
         unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)]
+        if _autocast_on(layer.module):
+            # Autocast caches the cast copy of a weight for the whole forward: a weight shared with a layer that ran
+            # before (tied, ALBERT-style) is not cast again here. The copy exists (the earlier layer made it), so
+            # the plan holds; the profile traced each layer on its own, so it names the cast in every layer.
+            unknown = [op for op in unknown if split_id(op)[1] != "_to_copy"]
         if unknown:
+            casts = all(split_id(op)[1] == "_to_copy" for op in unknown)
             raise PlanMismatchError(
                 f"layer {layer.index} ({layer.path!r}): the plan names ops its forward never runs: "
-                f"{', '.join(unknown[:4])}; its forward runs e.g. {', '.join(sorted(seen)[:6])}. "
-                "Was the plan made from a profile of this model?")
+                f"{', '.join(unknown[:4])}; its forward runs e.g. {', '.join(sorted(seen)[:6])}. " + (
+                    "The missing ops are all casts: the layer runs in another precision than profiled, or its "
+                    "weights were already cast outside it; train in the profile's precision (--dtype/--autocast)"
+                    if casts else "Was the plan made from a profile of this model?"))
         layer.checked = True
 
     def _recorded(self, region: Region, trigger: str) -> None:
@@ -165,7 +186,10 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     modules = resolve_layers(module, stage_plan)
     for path, layer_module in zip(stage_plan.layer_names, modules):
         if layer_module in _RUNTIME_OF_LAYER:
-            raise PlanMismatchError(f"a plan is already applied to layer {path!r}")
+            raise PlanMismatchError(f"a plan is already applied to layer {path!r}" + (
+                " (a module used at several places: keep all its uses in one pipeline stage)"
+                if _RUNTIME_OF_LAYER[layer_module].stage != stage_plan.stage else ""))
+    check_uses(stage_plan.stage, stage_plan.layer_names, modules)
     first = stage_plan.layers[0]
     layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
               for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
@@ -175,6 +199,21 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     for layer in layers:
         _RUNTIME_OF_LAYER[layer.module] = runtime
     return module
+
+
+def check_uses(stage: int, names: list[str], modules: list[nn.Module]) -> None:
+    """A module used at several places is named once per use, uses 0, 1, ... in order (its calls map to its uses
+    in call order); the same name twice, or a module the plan names once but under two paths, would apply one
+    use's policy to another's call."""
+    seen: dict[int, list[tuple[str, int]]] = {}
+    for name, module in zip(names, modules):
+        seen.setdefault(id(module), []).append(split_use(name))
+    for found in seen.values():
+        if [use for _, use in found] != list(range(len(found))) or len({path for path, _ in found}) > 1:
+            raise PlanMismatchError(
+                f"stage {stage}: layers {', '.join(use_name(p, u) for p, u in found)} are one module: a module "
+                "used at several places must be named 'path', 'path#1', ... once per call, all in one stage "
+                "(re-profile the model: lynx profiles each use of a shared module as its own layer)")
 
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -200,6 +239,11 @@ def check_dtype(plan: Plan, paths: list[str], modules: list[nn.Module]) -> None:
             raise PlanMismatchError(
                 f"layer {path!r} has {found} weights, but the plan was made for {_how(plan.dtype, plan.autocast)}: "
                 f"convert the model as the profile did (model.to(...)) or re-profile with --dtype {found}")
+
+
+def _autocast_on(module: nn.Module) -> bool:
+    param = next(module.parameters(), None)
+    return torch.is_autocast_enabled(param.device.type if param is not None else "cpu")
 
 
 def check_autocast(expected: str | None, path: str, module: nn.Module) -> None:
