@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 from ..io import load_model
 from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
+from . import conflicts
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
@@ -49,6 +50,7 @@ class _Layer:
     at: str  # the trigger that releases its recomputation
     keep: frozenset[str]
     scope: ModuleScope | None
+    outer: tuple[nn.Module, ...] = ()  # the modules holding it (Hugging Face's flag may be set on them)
     checked: bool = False
 
 
@@ -93,13 +95,21 @@ class LynxRuntime:
 
     def _forward(self, position: int, forward: Any, args: tuple, kwargs: dict) -> Any:
         layer = self.layers[position]
+        training = layer.module.training and torch.is_grad_enabled()
+        if training and any(map(conflicts.hf_checkpointing, (layer.module, *layer.outer))):
+            raise PlanMismatchError(conflicts.hf_message(layer.path))  # enabled after apply_plan
+        if training and not layer.checked:
+            conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():
             out = forward(*args, **kwargs)
         else:
             if self.precision is not None and layer.module.training and not layer.checked:
                 check_autocast(self.precision[1], layer.path, layer.module)
+            conflicts.check_outer_hooks(layer.path)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
             out = region.forward(*args, **kwargs)
+            if region.conflict is not None:
+                raise PlanMismatchError(conflicts.inner_message(layer.path, *region.conflict))
             if layer.module.training and not layer.checked:
                 self._check_ops(layer, region.op_ids)
             key = (self.micro_batch, layer.index)
@@ -193,6 +203,9 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     first = stage_plan.layers[0]
     layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
               for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
+    for layer in layers:
+        layer.outer = tuple(conflicts.ancestors(module, split_use(layer.path)[0]))
+        conflicts.check_static(layer.path, layer.module, [*layer.outer], layer.at)
     check_dtype(plan, stage_plan.layer_names, modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None

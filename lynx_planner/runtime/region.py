@@ -62,6 +62,7 @@ class Region:
         self._snaps: dict[tuple[str, int], RngState] = {}
         self._regenerated: dict[int, torch.Tensor] | None = None
         self._fwd_done = self._rec_done = None
+        self.conflict: tuple[str, str] | None = None  # another checkpointing seen inside the recorded forward
 
     # forward ---------------------------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -137,8 +138,10 @@ class Region:
         def on_entry(path: str, k: int) -> None:
             self._snaps[(path, k)] = RngState.capture(self._device)
 
+        recorder.own_pack = pack
         with self._scope.tracking(on_entry), torch.autograd.graph.saved_tensors_hooks(pack, self._unpack), recorder:
             out = self._fn(*args, **kwargs)
+        self.conflict = recorder.conflict
         program = build(recorder)
         self._program = program
         self._saved = {p: t for p, t in saved.items() if p in program.source_packs}
