@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from models.moe import PlainMoE, route_to_first  # noqa: E402
+from models.moe import lynx_model as moe_model  # noqa: E402
 from zoo_models import lynx_model  # noqa: E402
 
 from lynx_planner import apply_plan, solvers  # noqa: E402
@@ -166,3 +168,51 @@ def test_missing_casts_are_named_as_casts(llama):
     apply_plan(model.train(), plan)
     with pytest.raises(PlanMismatchError, match="all casts: the layer runs in another precision"):
         train_step(model, inputs)
+
+
+# MoE routing ----------------------------------------------------------------------------------------------------
+MOE = str(TESTS / "models" / "moe.py")
+
+
+@pytest.fixture(scope="module")
+def moe_plans():
+    """Per MoE model: its selective and full plans (profiled on a batch that routes to every expert)."""
+    out = {}
+    for name in ("plain", "mixtral", "qwen2_moe"):
+        prof = profile(MOE, name=name)
+        out[name] = {algo: solvers.plan(prof, "p.json", "0" * 64, algo, 1 << 60) for algo in ("selective", "full")}
+    return out
+
+
+@pytest.mark.parametrize("name", ["plain", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("algo", ["selective", "full"])
+@pytest.mark.parametrize("routing", ["as profiled", "two experts take every token"])
+def test_plans_hold_for_any_routing(moe_plans, name, algo, routing):
+    """Training batches route differently from the profiled one: experts left empty (their ops never run) and one
+    overloaded. The plan applies, every planned layer recomputes, gradients are the unplanned model's."""
+    reference, inputs = moe_model(name)
+    if routing != "as profiled":
+        route_to_first(reference)
+    planned = copy.deepcopy(reference)
+    plan = moe_plans[name][algo]
+    apply_plan(planned.train(), plan)
+    for step in range(2):  # the second step runs the steady state (its ops may differ from the recorded ones)
+        for model in (reference, planned):
+            model.zero_grad()
+            torch.manual_seed(step)
+            train_step(model, inputs)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), planned.parameters())
+                   if a.grad is not None)
+    recomputing = [i for p in plan.stages[0].policies if p.mode != "none" for i in range(*p.layers)]
+    assert sorted(runtime_of(planned).recomputations(0)) == recomputing
+
+
+def test_identical_experts_share_one_policy():
+    from lynx_planner.runtime import routing
+
+    layer = PlainMoE().layers[0]
+    assert routing.routed_paths(layer) == ("moe", "moe.experts")
+    assert routing.is_routed("moe.experts.2.0:addmm#0", ("moe", "moe.experts"))
+    assert not routing.is_routed("attn:addmm#0", ("moe", "moe.experts"))
+    keep = routing.shared_keep(frozenset({"moe.experts.1.0:addmm#0", "attn:bmm#0"}), layer)
+    assert keep == {"attn:bmm#0", *(f"moe.experts.{e}.0:addmm#0" for e in range(4))}

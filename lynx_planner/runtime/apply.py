@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 from ..io import load_model
 from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
-from . import conflicts
+from . import conflicts, routing
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
@@ -51,6 +51,7 @@ class _Layer:
     keep: frozenset[str]
     scope: ModuleScope | None
     outer: tuple[nn.Module, ...] = ()  # the modules holding it (Hugging Face's flag may be set on them)
+    routed: tuple[str, ...] = ()  # its submodules whose ops follow the routing (experts: routing.py)
     checked: bool = False
 
 
@@ -106,7 +107,8 @@ class LynxRuntime:
             if self.precision is not None and layer.module.training and not layer.checked:
                 check_autocast(self.precision[1], layer.path, layer.module)
             conflicts.check_outer_hooks(layer.path)
-            region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
+            region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream,
+                            always_record=bool(layer.routed))
             out = region.forward(*args, **kwargs)
             if region.conflict is not None:
                 raise PlanMismatchError(conflicts.inner_message(layer.path, *region.conflict))
@@ -132,7 +134,8 @@ class LynxRuntime:
 
     def _check_ops(self, layer: _Layer, seen: frozenset[str]) -> None:
         named = [*layer.policy.keep, *layer.policy.recompute]
-        unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)]
+        unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)
+                   and not routing.is_routed(op, layer.routed)]  # experts that received no tokens do not run
         if _autocast_on(layer.module):
             # Autocast caches the cast copy of a weight for the whole forward: a weight shared with a layer that ran
             # before (tied, ALBERT-style) is not cast again here. The copy exists (the earlier layer made it), so
@@ -177,9 +180,11 @@ class LynxRuntime:
 
 def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: bool) -> _Layer:
     at = "grad_wait" if policy.at == "layer_above" and top else policy.at
+    routed = routing.routed_paths(module)
     keep = frozenset(policy.keep) if policy.mode == "selective" else frozenset()
+    keep = routing.shared_keep(keep, module) if routed else keep
     scope = ModuleScope(module) if policy.mode != "none" else None
-    return _Layer(index, path, module, policy, at, keep, scope)
+    return _Layer(index, path, module, policy, at, keep, scope, routed=routed)
 
 
 def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None) -> nn.Module:
