@@ -216,3 +216,18 @@ def test_identical_experts_share_one_policy():
     assert not routing.is_routed("attn:addmm#0", ("moe", "moe.experts"))
     keep = routing.shared_keep(frozenset({"moe.experts.1.0:addmm#0", "attn:bmm#0"}), layer)
     assert keep == {"attn:bmm#0", *(f"moe.experts.{e}.0:addmm#0" for e in range(4))}
+
+
+# torch.compile ---------------------------------------------------------------------------------------------------
+def test_torch_compile_around_planned_layers_is_refused():
+    """Compiled, the planned layers' dropout masks (and, where dynamo traces the hooks, the gradients) are not the
+    eager plan's: refused at the first training forward, before any step runs."""
+    from runtime_utils import Spec, Stage, inputs, plan_from_policies, tiny_profile
+
+    torch.manual_seed(0)
+    model = Stage(2, dtype=torch.float32)
+    planned = apply_plan(model, plan_from_policies(tiny_profile(2), [[Spec("full"), Spec("none")]]))
+    compiled = torch.compile(planned)
+    with pytest.raises(PlanMismatchError, match="runs under torch.compile"):
+        compiled(inputs(1, torch.float32)[0]).sum().backward()
+    torch._dynamo.reset()

@@ -99,6 +99,8 @@ class LynxRuntime:
         training = layer.module.training and torch.is_grad_enabled()
         if training and any(map(conflicts.hf_checkpointing, (layer.module, *layer.outer))):
             raise PlanMismatchError(conflicts.hf_message(layer.path))  # enabled after apply_plan
+        if training and layer.scope is not None and conflicts.compiled():
+            raise PlanMismatchError(conflicts.compile_message(layer.path))
         if training and not layer.checked:
             conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():

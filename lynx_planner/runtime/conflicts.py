@@ -109,3 +109,20 @@ def inner_message(path: str, op: str, how: str) -> str:
     return (f"layer {path!r}: {how} ({op}): another activation checkpointing runs inside the layer "
             "(torch.utils.checkpoint, Hugging Face's gradient checkpointing, ...) and the plan would not apply. "
             "Turn it off for the planned layers: the plan does the recomputation")
+
+
+def compiled() -> bool:
+    """A planned layer runs under torch.compile: traced by dynamo, or run eagerly from a compiled frame (a graph
+    break at the layer)."""
+    if torch.compiler.is_compiling():
+        return True
+    frames = getattr(torch._C, "_dynamo", None)
+    callback = frames.eval_frame.get_eval_frame_callback() if frames is not None else None
+    return callback not in (None, False)
+
+
+def compile_message(path: str) -> str:
+    return (f"planned layer {path!r} runs under torch.compile: the plan's recomputation (saved-tensor hooks and a "
+            "dispatch mode) is not traced by dynamo, so the compiled model would not run the plan as the eager one "
+            "does (other dropout masks, wrong gradients where dynamo traces the hooks). Train the planned model "
+            "without torch.compile, or compile only the layers the plan leaves alone")
