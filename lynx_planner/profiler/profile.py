@@ -26,10 +26,10 @@ from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
-from .recorder import tensors_in
+from .recorder import is_attention_kernel, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
 from .timing import analytic_times, measure_spread
-from .tracing import BlockTrace, op_ids, to_block, trace
+from .tracing import CORE_ATTN, BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
 DEVICES = ("cpu", "cuda")
@@ -69,13 +69,24 @@ def _model_info(path: str, model: torch.nn.Module, groups: dict[str, list[LayerS
 
 
 def _dropout(model: torch.nn.Module) -> float:
+    """The largest dropout rate of the model: nn.Dropout modules, and float attributes named like a dropout rate on
+    any module (attention dropout that runs functionally: F.dropout, sdpa's dropout_p, as most HF attention
+    classes do with `self.attention_dropout`)."""
     rates = [m.p for m in model.modules() if "Dropout" in type(m).__name__ and isinstance(getattr(m, "p", None), float)]
+    for m in model.modules():
+        rates += [v for name, v in vars(m).items() if isinstance(v, float) and 0 <= v < 1 and not name.startswith("_")
+                  and ("dropout" in name or name.endswith(("pdrop", "dropout_p")))]
     return max(rates, default=0.0)
 
 
 def _attention(traces: dict[str, BlockTrace]) -> str:
-    flash = any("scaled_dot_product" in op.name for tr in traces.values() for op in tr.ops)
-    return "flash" if flash else "math"
+    """flash: fused attention kernels; math: attention from batched activation GEMMs around a softmax (q kᵀ, p v);
+    none: neither (state-space models such as Mamba)."""
+    ops = [op for tr in traces.values() for op in tr.ops]
+    if any("scaled_dot_product" in op.name or is_attention_kernel(op.name) for op in ops):
+        return "flash"
+    # a softmax between the two GEMMs: batched activation GEMMs alone are no attention (Mamba's selective scan)
+    return "math" if any(CORE_ATTN in op.tags and "softmax" in op.name for op in ops) else "none"
 
 
 def _shapes(inputs: tuple) -> tuple[int, int, str]:
