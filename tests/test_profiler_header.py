@@ -55,3 +55,21 @@ def test_functional_attention_dropout_is_counted(tmp_path):
 def test_a_model_without_attention_says_so(tmp_path):
     p, out = _profile(tmp_path, NO_ATTENTION)
     assert p.attention == "none" and "no attention" in out
+
+
+def test_a_saved_second_output_counts_as_saved():
+    """A block returning (hidden, attention probabilities) as Bloom's does: the probabilities are saved by the
+    softmax and stay alive; only the first output is the next layer's input, excluded from the saved bytes."""
+    import torch
+
+    from lynx_planner.profiler.memory import saved_bytes_after_forward
+    from lynx_planner.profiler.tracing import trace
+
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            probs = (x @ x.transpose(-1, -2)).softmax(-1)
+            return probs @ x, probs
+
+    x = torch.randn(2, 8, 4)
+    real = saved_bytes_after_forward(Block(), (x,))
+    assert real == trace(Block(), (x,)).saved_bytes and real >= 2 * 8 * 8 * 4

@@ -86,7 +86,8 @@ class LayerBytes(TorchDispatchMode):
 
     def _leave(self, module, args, out) -> None:
         self.current.pop()
-        self.outputs.update(StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)
+        # the first output is the next layer's input; others (attention probabilities) count where autograd saved them
+        self.outputs.update(StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)[:1]
                             if isinstance(t, torch.Tensor))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
