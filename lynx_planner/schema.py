@@ -217,6 +217,16 @@ class Predicted(_Model):
     stages: list[StagePrediction]
 
 
+class CandidateBound(_Model):
+    """How a search's block candidates differ from the exact Pareto sets (solvers/candidates.py)."""
+
+    blocks: list[str] = Field(description="the blocks whose candidates are not their exact Pareto set")
+    groups: int = Field(0, description="repeated sub-structures (experts) decided as a group: every copy alike")
+    eps: float = Field(0.0, description="each exact Pareto policy (of the grouped block, if grouped) has a candidate "
+                       "keeping no more bytes that recomputes at most eps of the block's forward time, and regenerates "
+                       "at most eps of its saved bytes, more")
+
+
 class SolverInfo(_Model):
     name: str
     status: Literal["optimal", "feasible", "heuristic", "time_limit"]
@@ -225,6 +235,8 @@ class SolverInfo(_Model):
     bound_s: float | None = Field(None, description="proven lower bound on the objective (MILP solvers)")
     source: str | None = Field(None, description="the search whose plan is returned: 'milp', 'heu' (OPT, AdaPipe "
                                "and Checkmate fall back to HEU's plan where theirs simulates slower or does not fit)")
+    candidates: CandidateBound | None = Field(None, exclude_if=lambda v: v is None,
+                                              description="set when some block's candidates were bounded or grouped")
 
 
 class PlanParallel(_Model):

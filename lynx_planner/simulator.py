@@ -98,7 +98,7 @@ def in_flight(kind: str, p: int, s: int, m: int) -> int:
     return m if kind == "gpipe" else min(m, p - s)
 
 
-@dataclass
+@dataclass(eq=False)  # one task per (micro-batch, layer): compared by identity (fast queue removal)
 class _Task:
     rem: float
     key: tuple[int, int]

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..evaluate import Evaluation, evaluate, make_plan, stage_plans
 from ..io import InputError, format_bytes
-from ..schema import LayerPolicy, Plan, Profile, SolverInfo, StagePlan
+from ..schema import CandidateBound, LayerPolicy, Plan, Profile, SolverInfo, StagePlan
+from . import candidates
 
 ALGOS: tuple[str, ...] = ("heu", "opt", "none", "full", "selective", "uniform", "block", "checkmate", "adapipe")
 _MODULES = {"none": "megatron", "full": "megatron", "selective": "megatron", "uniform": "megatron",
@@ -68,8 +69,15 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
     problem = Problem(profile, memory_limit, time_limit, part)
     module = _module(algo)  # imported before the clock starts: search time is the search alone
     t0 = time.perf_counter()
-    strategy = module.search(problem, algo)
+    limit_s = time_limit if time_limit is not None else getattr(module, "DEFAULT_TIME_LIMIT_S", None)
+    # a MILP solver's time limit bounds its whole search, the block candidates it builds first included
+    with candidates.served() as used, candidates.time_limit(None if limit_s is None else t0 + limit_s):
+        strategy = module.search(problem, algo)
     search_s = time.perf_counter() - t0
+    bound = _bound(used)
+    if bound is not None:  # a MILP's bound and optimum over a subset of the policies prove nothing about the rest
+        strategy.gap = strategy.bound_s = None
+        strategy.status = "feasible" if strategy.status == "optimal" else strategy.status
     stages = stage_plans(profile, strategy.bounds, strategy.policies)
     ev = evaluate(profile, stages)
     if not ev.fits(memory_limit):
@@ -78,8 +86,17 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
             f"algorithm {algo!r} needs {format_bytes(worst.peak_memory_bytes)} on stage {worst.stage}, more than the "
             f"memory limit of {format_bytes(memory_limit)}", needed=worst.peak_memory_bytes)
     info = SolverInfo(name=algo, status=strategy.status, search_time_s=round(search_s, 6), gap=strategy.gap,
-                      bound_s=strategy.bound_s, source=strategy.source)
+                      bound_s=strategy.bound_s, source=strategy.source, candidates=bound)
     return Solved(stages, info, ev)
+
+
+def _bound(used: dict) -> CandidateBound | None:
+    """How the candidates a search used differ from the exact Pareto sets (None: they did not)."""
+    inexact = {name: f for name, f in sorted(used.items()) if not f.exact}
+    if not inexact:
+        return None
+    return CandidateBound(blocks=list(inexact), groups=sum(f.groups for f in inexact.values()),
+                          eps=max(f.eps for f in inexact.values()))
 
 
 def plan(profile: Profile, profile_path: str, profile_sha256: str, algo: str, memory_limit: int,

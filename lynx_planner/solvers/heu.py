@@ -71,10 +71,13 @@ def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: 
         points.append((model.in_flight * c.kept_bytes, best[1], best[0], c))
         if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
             points.append((model.in_flight * c.kept_bytes + c.rec_bytes, pool_price * c.rec_s, "pool", c))
+    # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
+    # interference) that keeping avoids, so an option exposing as little but recomputing less stays on the frontier.
     frontier: list[Option] = []
-    for mem, e, at, c in sorted(points, key=lambda x: (x[0], x[1])):
-        if not frontier or e < frontier[-1].exposed_s - 1e-15:
-            frontier.append(Option(c, at, mem, e))
+    for mem, e, at, c in sorted(points, key=lambda x: (x[0], x[1], x[3].rec_s)):
+        if not frontier or e < frontier[-1].exposed_s - 1e-15 or (
+                e <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s):
+            frontier.append(Option(c, at, mem, min(e, frontier[-1].exposed_s) if frontier else e))
     return frontier
 
 
@@ -294,7 +297,7 @@ def _fill(profile: Profile, model: StageModel, cache: HullCache, chosen: list[Op
             return
         cur = best = chosen[i]
         for o in _class_options(profile, model, j, cache)[0]:
-            if o.mem - cur.mem <= left and o.exposed_s < best.exposed_s:
+            if o.mem - cur.mem <= left and (o.exposed_s, o.cand.rec_s) < (best.exposed_s, best.cand.rec_s):
                 chosen[i] = o
                 if used - cur.mem + o.mem + _reserve(chosen, tops) <= model.budget:
                     best = o

@@ -17,6 +17,7 @@ of the stages (Checkmate).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pyomo.environ as pyo
@@ -31,6 +32,7 @@ from .stage_model import StageModel, candidates_of
 MIB = float(1 << 20)
 REL_GAP = 1e-4
 MS = 1e-3
+MIN_SOLVE_S = 0.01  # HiGHS gets at least this long (to return a first incumbent) when the build used up the limit
 
 
 @dataclass
@@ -59,6 +61,8 @@ def _placements(model: StageModel, slot, c: Candidate, allowed: tuple[str, ...])
 
 def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], objective: str,
           time_limit: float | None) -> MilpResult:
+    """`time_limit` bounds the whole call: building the candidates and the model counts against it."""
+    started = time.perf_counter()
     m = pyo.ConcreteModel()
     classes: list[tuple[int, tuple, list[int]]] = []  # (stage, key, slot indices)
     for s, model in enumerate(models):
@@ -142,7 +146,7 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     # HiGHS's default relative gap: 'optimal' is proven within 0.01% of the model's optimum
     opts = dict(load_solutions=False, raise_exception_on_nonoptimal_result=False, rel_gap=REL_GAP)
     if time_limit is not None:
-        opts["time_limit"] = time_limit
+        opts["time_limit"] = max(MIN_SOLVE_S, time_limit - (time.perf_counter() - started))
     res = Highs().solve(m, **opts)
     raise_if_interrupted()  # HiGHS swallows a Ctrl-C that lands inside it (io.catch_interrupts records it)
     if res.solution_status not in (SolutionStatus.optimal, SolutionStatus.feasible):

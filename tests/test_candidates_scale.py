@@ -1,0 +1,176 @@
+"""Candidate search at the size of real blocks (issue 15): the O(n log n) pruning against the quadratic definition,
+repeated sub-structures (experts) decided as a group, bounded frontiers and what the plan says about them, the MILP
+time limit charged with the candidate build (issue 21.6), and HEU's ties going to less recomputation (issue 20.7)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lynx_planner import policy, solvers
+from lynx_planner.schema import Profile
+from lynx_planner.solvers import candidates, repeats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_models import synthetic_moe_block, synthetic_moe_profile  # noqa: E402
+from test_properties import blocks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    candidates.reset_caches()
+    yield
+    candidates.reset_caches()
+
+
+def _quadratic_prune(partials, tol_s=0.0, tol_b=0.0):
+    """The definition: by (costs, sorted keep), drop what a kept one beats or ties within the tolerances."""
+    out = []
+    for p in sorted(partials, key=lambda x: (x[0], x[1], x[2], x[3], sorted(x[4]))):
+        if not any(q[0] <= p[0] and q[1] <= p[1] + tol_s and q[2] <= p[2] + tol_b and q[3] <= p[3] for q in out):
+            out.append(p)
+    return out
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 6), st.booleans(),
+                          st.lists(st.sampled_from("abcde"), max_size=3, unique=True).map(tuple)), max_size=40),
+       st.sampled_from([0, 1, 2]))
+def test_prune_is_the_quadratic_definition(partials, tol):
+    ps = [(k, float(s), b, r, keep, ()) for k, s, b, r, keep in partials]
+    assert candidates._prune(list(ps), tol, tol) == _quadratic_prune(ps, tol, tol)
+
+
+def _brute_frontier(block):
+    """Every keep set of the keepable ops, its closure, the Pareto set of their costs."""
+    info = policy.analyse(block)
+    cands = []
+    for n in range(len(info.keepable) + 1):
+        for keep in itertools.combinations(info.keepable, n):
+            rec = policy.closure(info, frozenset(keep))
+            c = policy.cost(info, frozenset(keep), rec)
+            cands.append((c.kept_bytes, c.recompute_s, c.recomputed_bytes, c.replays_collective))
+    return {c for c in cands if not any(d != c and d[0] <= c[0] and d[1] <= c[1] and d[2] <= c[2] and d[3] <= c[3]
+                                        for d in cands)}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(blocks())
+def test_exact_frontier_is_the_brute_force_one(block):
+    got = candidates.frontier(block)
+    assert got.exact
+    costs = {(c.kept_bytes, c.rec_s, c.rec_bytes, c.replays_collective) for c in got.candidates}
+    brute = _brute_frontier(block)
+    # every brute-force Pareto point is matched by a candidate at least as good (collective replays may differ:
+    # the search may keep a collective's output where the brute force recomputes it)
+    for b in brute:
+        assert any(c[0] <= b[0] and c[1] <= b[1] + 1e-12 and c[2] <= b[2] and c[3] <= b[3] for c in costs), b
+
+
+def test_experts_are_found_and_folded():
+    block = synthetic_moe_block(8)
+    assert repeats.find(block) == [(10, 6, 8)]  # 10 ops before the experts, 6 ops each, 8 experts
+    folded = repeats.fold(block)
+    assert len(folded.block.ops) == len(block.ops) - 7 * 6 and folded.groups == 1
+    # the folded op sums the copies
+    w1 = next(o for o in folded.block.ops if o.id == "mlp.experts.0.w1:mm#0")
+    assert w1.out_bytes == sum(o.out_bytes for o in block.ops if o.id.endswith(".w1:mm#0"))
+    assert "mlp.experts:zeros_like#0" in next(o for o in folded.block.ops
+                                              if o.id == "mlp.experts.0:index_add_#0").inputs
+
+
+def test_dense_blocks_have_no_repeats():
+    prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+    assert all(repeats.find(b) == [] for b in prof.blocks.values())
+
+
+def test_a_break_in_the_pattern_ends_the_repeat():
+    block = synthetic_moe_block(6)
+    ops = list(block.ops)
+    i = next(i for i, o in enumerate(ops) if o.id == "mlp.experts.4.w1:mm#0")
+    ops[i] = ops[i].model_copy(update={"inputs": [ops[1].id]})  # expert 4 reads something else
+    changed = block.model_copy(update={"ops": ops})
+    assert [k for _, _, k in repeats.find(changed)] == [4]  # experts 0-3 only
+
+
+@pytest.mark.parametrize("experts", [4, 8])
+def test_grouped_candidates_are_executable_uniform_and_priced_exactly(experts, monkeypatch):
+    monkeypatch.setattr(candidates, "FOLD_CAP", 1)  # fold even where the exact search would be quick
+    block = synthetic_moe_block(experts)
+    info = policy.analyse(block)
+    got = candidates.frontier(block)
+    assert got.groups == 1 and not got.exact and len(got.candidates) > 2
+    for c in got.candidates:
+        assert policy.validate(info, sorted(c.keep), list(c.recompute)) is None
+        cost = policy.cost(info, c.keep, c.recompute)
+        assert (cost.kept_bytes, cost.recomputed_bytes) == (c.kept_bytes, c.rec_bytes)
+        assert cost.recompute_s == pytest.approx(c.rec_s, rel=1e-9, abs=1e-15)
+        for role in ("w1:mm#0", "act:gelu#0", "w2:mm#0", ":index#0"):  # every expert decided alike
+            kept = {f"mlp.experts.{e}.{role}".replace("..", ".") in c.keep for e in range(experts)}
+            assert len(kept) == 1, (role, c.keep)
+
+
+def test_bounded_frontier_keeps_its_promise(monkeypatch):
+    prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+    block = max(prof.blocks.values(), key=lambda b: len(b.ops))
+    exact = candidates.frontier(block)
+    assert exact.exact
+    candidates.reset_caches()
+    monkeypatch.setattr(candidates, "WORK_CAP", 1)  # every tolerance below the last is over the cap
+    monkeypatch.setattr(candidates, "FOLD_CAP", 1)
+    bounded = candidates.frontier(block)
+    assert bounded.eps == candidates.EPS_LAST and len(bounded.candidates) < len(exact.candidates)
+    info = policy.analyse(block)
+    total_s = sum(info.fwd_s.values())
+    total_b = sum(info.unit_bytes[u] for u in info.units)
+    for e in exact.candidates:
+        assert any(c.kept_bytes <= e.kept_bytes and c.replays_collective <= e.replays_collective
+                   and c.rec_s <= e.rec_s + bounded.eps * total_s + 1e-12
+                   and c.rec_bytes <= e.rec_bytes + bounded.eps * total_b for c in bounded.candidates)
+
+
+def test_plan_says_when_candidates_were_grouped_and_opt_claims_nothing(monkeypatch):
+    monkeypatch.setattr(candidates, "FOLD_CAP", 1)
+    prof = synthetic_moe_profile(4)
+    full, none = (solvers.solve(prof, a, 1 << 62).evaluation.peak_bytes for a in ("full", "none"))
+    limit = int(full + 0.5 * (none - full))
+    heu = solvers.solve(prof, "heu", limit)
+    assert heu.solver.candidates.blocks == ["gpt_layer"] and heu.solver.candidates.groups == 1
+    assert "candidates" in heu.solver.model_dump()
+    opt = solvers.solve(prof, "opt", limit, time_limit=30)
+    assert opt.solver.status != "optimal" and opt.solver.bound_s is None and opt.solver.gap is None
+    dense = solvers.solve(Profile.model_validate_json(
+        (ROOT / "profiles/gpt-1.3b-a100-80g-nvlink-tp1-pp2-mb4-m8.json").read_text()), "heu", 1 << 50)
+    assert dense.solver.candidates is None and "candidates" not in dense.solver.model_dump_json()
+
+
+def test_milp_time_limit_charges_the_candidate_build(monkeypatch):
+    """With no work cap and no folding, the exact frontier of a 16-expert block is a long search; a time limit of
+    zero must coarsen it at once (by construction: the deadline has passed before the first candidate)."""
+    monkeypatch.setattr(candidates, "WORK_CAP", 10**12)
+    monkeypatch.setattr(repeats, "fold", lambda block: None)
+    searched = []
+    real = candidates._search
+    monkeypatch.setattr(candidates, "_search", lambda info, eps, cap: searched.append(eps) or real(info, eps, cap))
+    prof = synthetic_moe_profile(16)
+    solved = solvers.solve(prof, "checkmate", 1 << 62, time_limit=0.0)
+    assert solved.solver.candidates.eps == candidates.EPS_LAST
+    assert set(searched) == {candidates.EPS_LAST}  # never the exact search
+    assert candidates.frontier(prof.blocks["gpt_layer"]).eps == 0.0  # coarse frontiers are not remembered
+
+
+def test_ties_go_to_less_recomputation():
+    """At a limit far above need HEU keeps everything: hiding recomputation is no reason to do it."""
+    prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+    solved = solvers.solve(prof, "heu", 1 << 50)
+    assert all(not p.recompute for st in solved.stages for p in st.policies)
+    none = solvers.solve(prof, "none", 1 << 50)
+    assert solved.evaluation.predicted.iteration_time_s <= none.evaluation.predicted.iteration_time_s * (1 + 1e-9)
