@@ -216,6 +216,15 @@ def fit() -> None:
     print(f"in use: {H.GEMM_EFFICIENCY} {H.GEMM_HALF_DIM} {H.GEMM_BACKWARD_EFFICIENCY}")
 
 
+HEADERS = {
+    "korthikanti-4": "A100 80 GB, 22B, tp 8, micro-batch 4, s 2048, math attention, dropout 0.1 (fitted on)",
+    "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1 (fitted on)",
+    "narayanan-1": "A100 80 GB, full recompute, math attention, dropout 0.1, micro-batch 1 assumed, no "
+                   "grad-reduce overlap (checked on)",
+    "megatron-h100": "H100, none, flash attention, micro-batch 1 assumed, distributed optimizer, all overlaps "
+                     "(checked on)",
+}
+
 TABLES = {"korthikanti-4": korthikanti_4, "korthikanti-5": korthikanti_5, "narayanan-1": narayanan_1,
           "megatron-h100": megatron_h100}
 
@@ -231,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for name in args.table or list(TABLES):
         rows = TABLES[name]()
-        print(f"\n{name}")
+        print(f"\n{name}: {HEADERS[name]}")
         print(f"  {'row':44s} {'paper':>9s} {'lynx':>9s} {'lynx/paper':>10s}")
         for r in rows:
             tol = RATIO_TOLERANCE if r.unit == "x" else TOLERANCE
