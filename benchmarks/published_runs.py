@@ -204,7 +204,7 @@ def fit() -> None:
 
     base = HARDWARE["a100-80g-nvlink"]
     scores = []
-    for e, d, be in itertools.product([0.8, 0.85, 0.9], [64.0, 128.0, 256.0], [0.85, 0.88, 0.92]):
+    for e, d, be in itertools.product([0.8, 0.85, 0.9], [64.0, 128.0, 256.0, 512.0], [0.85, 0.88, 0.92]):
         HARDWARE["a100-80g-nvlink"] = base.model_copy(update=dict(gemm_efficiency=e, gemm_half_dim=d,
                                                                    gemm_backward_efficiency=be))
         errs = [abs(r.ratio - 1) for r in korthikanti_4() + korthikanti_5()]

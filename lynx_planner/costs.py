@@ -2,10 +2,11 @@
 dimensions, attention by its per-head work), a roofline for memory-bound kernels, ring formulas for links.
 
 The GEMM model (one description per kind of hardware: `Hardware.gemm_half_dim`, `gemm_backward_efficiency`):
-[m, k] @ [k, n] runs at  e = gemm_efficiency * q(m) q(k) q(n),  q(d) = d / (d + gemm_half_dim): a dimension
-much larger than the kernel's tiles costs nothing, one near a tile's size leaves part of the tiles (and of the
-last wave) idle; the dimension that halves the efficiency on its own is gemm_half_dim. A GEMM is never faster than
-streaming its operands and result once, and pays KERNEL_S to launch. Backward GEMMs (the input gradient dgrad
+[m, k] @ [k, n] runs at  e = gemm_efficiency * q(m) q(n),  q(d) = d / (d + gemm_half_dim): the kernel tiles its
+[m, n] output; a dimension much larger than a tile costs nothing, one near a tile's size leaves part of the tiles
+(and of the last wave) idle; the output dimension that halves the efficiency on its own is gemm_half_dim. A short
+reduction dimension k shows as the roofline: a GEMM is never faster than streaming its operands and result once. It
+pays KERNEL_S to launch. Backward GEMMs (the input gradient dgrad
 [m, n] @ [n, k] and the weight gradient wgrad [k, m] @ [m, n], each on its own shape) run at
 gemm_backward_efficiency of that (transposed operand layouts; wgrad accumulating into fp32 main_grad).
 Fused attention: efficiency grows with the work of one (batch, head) slice, F / (F + attention_half_flops).
@@ -30,7 +31,7 @@ def shape_efficiency(m: int, k: int, n: int, hw: Hardware) -> float:
     d = hw.gemm_half_dim
     if d is None:
         return hw.gemm_efficiency
-    return hw.gemm_efficiency * (m / (m + d)) * (k / (k + d)) * (n / (n + d))
+    return hw.gemm_efficiency * (m / (m + d)) * (n / (n + d))
 
 
 def _gemm_shape_s(m: int, k: int, n: int, hw: Hardware) -> float:

@@ -35,15 +35,18 @@ def test_flat_hardware_keeps_the_old_meaning():
     assert costs.attention_s(1e12, FLAT, per_head_flops=1e6) == 1e12 / (FLAT.peak_flops * FLAT.attention_efficiency)
 
 
-def test_efficiency_grows_with_each_dimension_towards_the_top():
+def test_efficiency_grows_with_each_output_dimension_towards_the_top():
     d = A100.gemm_half_dim
     assert costs.shape_efficiency(int(d), 10**9, 10**9, A100) == pytest.approx(A100.gemm_efficiency / 2, rel=1e-6)
-    small, large = costs.shape_efficiency(2048, 768, 6144, A100), costs.shape_efficiency(2048, 3200, 6144, A100)
-    assert small < large < A100.gemm_efficiency
-    # per FLOP, a GEMM of the 1T model's width runs faster than one of the 22B's
-    t22 = costs.gemm_fwd_s(8192, 768, 6144, A100) / (8192 * 768 * 6144)
-    t1t = costs.gemm_fwd_s(2048, 3200, 25600, A100) / (2048 * 3200 * 25600)
-    assert t1t < 0.9 * t22
+    assert costs.shape_efficiency(10**9, 7, int(d), A100) == pytest.approx(A100.gemm_efficiency / 2, rel=1e-6)
+    narrow, wide = costs.shape_efficiency(2048, 6144, 768, A100), costs.shape_efficiency(2048, 6144, 3200, A100)
+    assert narrow < wide < A100.gemm_efficiency
+    few, many = costs.shape_efficiency(512, 6144, 3200, A100), costs.shape_efficiency(8192, 6144, 3200, A100)
+    assert few < many
+    # per FLOP, the 1T model's MLP GEMM at tp 8 (12800 columns per rank) beats the 1.7B's at tp 1 (9216)
+    t_small = costs.gemm_fwd_s(2048, 2304, 9216, A100) / (2048 * 2304 * 9216)
+    t_large = costs.gemm_fwd_s(2048, 25600, 12800, A100) / (2048 * 25600 * 12800)
+    assert t_large < t_small
 
 
 def test_skinny_gemm_is_bound_by_moving_its_operands():
@@ -53,12 +56,14 @@ def test_skinny_gemm_is_bound_by_moving_its_operands():
     assert costs.gemm_fwd_s(m, k, n, hw) == pytest.approx(moved + costs.KERNEL_S, rel=1e-12)
 
 
-def test_backward_is_dgrad_plus_wgrad_at_the_backward_efficiency():
-    m, k, n = 8192, 6144, 2304
+def test_backward_is_dgrad_plus_wgrad_each_on_its_shape():
+    m, k, n = 8192, 768, 6144  # 22B's attention projection at tp 8: a short k makes dgrad and wgrad narrow
     be = A100.gemm_backward_efficiency
     fwd = costs.gemm_fwd_s(m, k, n, A100)
-    assert costs.gemm_bwd_s(m, k, n, A100) == pytest.approx(2 * fwd / be, rel=1e-12)
-    assert costs.gemm_bwd_s(m, k, n, A100) > 2 * fwd  # backward is not exactly twice the forward any more
+    dgrad, wgrad = costs.gemm_fwd_s(m, n, k, A100), costs.gemm_fwd_s(k, m, n, A100)
+    assert costs.gemm_bwd_s(m, k, n, A100) == pytest.approx((dgrad + wgrad) / be, rel=1e-12)
+    assert dgrad > fwd and wgrad > fwd  # their outputs have the short side
+    assert costs.gemm_bwd_s(m, k, n, A100) > 2 * fwd / be
 
 
 def test_attention_efficiency_grows_with_the_work_of_a_head():

@@ -16,8 +16,8 @@ _ASSUMED = (
 # The shape model (costs.py), fitted on one source, Korthikanti et al. 2022 (A100, Tables 4 and 5: the best of a
 # grid over GEMM_EFFICIENCY x GEMM_HALF_DIM x GEMM_BACKWARD_EFFICIENCY), and checked on Narayanan et al. 2021 (A100)
 # and Megatron-LM's H100 table (benchmarks/published_runs.py; docs/accuracy.md). The same on every NVIDIA kind.
-GEMM_EFFICIENCY = 0.90
-GEMM_HALF_DIM = 256.0  # 22B's attention projection at tp 8, 8192 x 768 x 6144, runs at 0.90 x 0.70
+GEMM_EFFICIENCY = 0.85
+GEMM_HALF_DIM = 256.0  # an output 2048 x 768 (tokens x columns per rank) runs at 0.85 x 0.67
 ATTENTION_HALF_FLOPS = 1e8  # per (batch, head) slice: 2 s^2 d causal FLOPs; s 1024, d 64 runs at 0.57 of the top
 GEMM_BACKWARD_EFFICIENCY = 0.92
 
