@@ -233,3 +233,26 @@ def test_korthikanti_rows_within_tolerance():
     off = [(r.label, round(r.ratio, 3)) for r in rows
            if abs(r.ratio - 1) > (pr.RATIO_TOLERANCE if r.unit == "x" else pr.TOLERANCE)]
     assert not off
+
+
+# ---------------------------------------------------------------------------------------------- traced model files
+
+
+def test_traced_gemms_carry_their_shapes_forward_and_backward():
+    import torch
+
+    from lynx_planner.profiler.timing import analytic_times
+    from lynx_planner.profiler.tracing import trace
+
+    m, k, n = 48, 32, 80
+    lin = torch.nn.Linear(k, n)
+    traced = trace(lin, (torch.randn(m, k, requires_grad=True),), {})
+    (op,) = [o for o in traced.ops if o.fwd.gemms]
+    assert op.fwd.gemms == [(m, k, n)]
+    assert sorted(op.bwd.gemms) == sorted([(m, n, k), (n, m, k)])  # dgrad [m, k] and wgrad [n, k] outputs
+    fwd, bwd = analytic_times(traced, A100)[op.id]
+    be = A100.gemm_backward_efficiency
+    assert bwd >= (costs.gemm_fwd_s(m, n, k, A100) + costs.gemm_fwd_s(n, m, k, A100)) / be
+    assert fwd >= costs.gemm_fwd_s(m, k, n, A100)
+    flat_fwd, flat_bwd = analytic_times(traced, FLAT)[op.id]
+    assert flat_fwd < fwd  # the flat model knows nothing of this GEMM's small shape
