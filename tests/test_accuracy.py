@@ -256,3 +256,17 @@ def test_traced_gemms_carry_their_shapes_forward_and_backward():
     assert fwd >= costs.gemm_fwd_s(m, k, n, A100)
     flat_fwd, flat_bwd = analytic_times(traced, FLAT)[op.id]
     assert flat_fwd < fwd  # the flat model knows nothing of this GEMM's small shape
+
+
+def test_profile_options_set_the_overlaps(tmp_path):
+    from conftest import lynx
+
+    out = tmp_path / "p.json"
+    r = lynx("profile", "gpt-1.3b", "--tp", "2", "--dp", "2", "--sequence-parallel", "--distributed-optimizer",
+             "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-grad-reduce", "-o", out)
+    assert r.exit_code == 0, r.output
+    par = json.loads(out.read_text())["parallel"]
+    assert par["overlap_param_gather"] and par["tp_comm_overlap"] and par["overlap_grad_reduce"] is False
+    assert par["optimizer_step"] and par["rank_order"] == "tp-dp-pp"  # a catalog model: the whole iteration
+    bad = lynx("profile", "gpt-1.3b", "--dp", "2", "--overlap-param-gather", "-o", tmp_path / "q.json")
+    assert bad.exit_code == 2 and "distributed_optimizer" in bad.output and not (tmp_path / "q.json").exists()
