@@ -116,9 +116,11 @@ class ParallelConfig(_Model):
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
-            raise ValueError("tp_comm_overlap needs sequence_parallel (as in Megatron)")
+            raise ValueError("tp_comm_overlap (--tp-comm-overlap) needs sequence_parallel (--sequence-parallel), "
+                             "as in Megatron")
         if self.overlap_param_gather and not self.distributed_optimizer:
-            raise ValueError("overlap_param_gather needs distributed_optimizer")
+            raise ValueError("overlap_param_gather (--overlap-param-gather) needs distributed_optimizer "
+                             "(--distributed-optimizer)")
         return self
 
 
