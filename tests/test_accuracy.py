@@ -270,3 +270,21 @@ def test_profile_options_set_the_overlaps(tmp_path):
     assert par["optimizer_step"] and par["rank_order"] == "tp-dp-pp"  # a catalog model: the whole iteration
     bad = lynx("profile", "gpt-1.3b", "--dp", "2", "--overlap-param-gather", "-o", tmp_path / "q.json")
     assert bad.exit_code == 2 and "distributed_optimizer" in bad.output and not (tmp_path / "q.json").exists()
+
+
+def test_batched_gemm_folds_its_batch_into_m():
+    import torch
+
+    from lynx_planner.profiler.tracing import trace
+
+    class Bmm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 16, 24))
+
+        def forward(self, x):
+            return torch.bmm(x, self.w)
+
+    traced = trace(Bmm(), (torch.randn(3, 8, 16, requires_grad=True),), {})
+    (op,) = [o for o in traced.ops if o.fwd.gemms]
+    assert op.fwd.gemms == [(3 * 8, 16, 24)]
