@@ -366,6 +366,7 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
         return
     bus = costs.link(hw, par.tp * par.dp)
     p = len(stage_layers)
+    tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
 
     def event(s: int, name: str, start: float, dur: float) -> None:
         if events is not None and dur > 0:
@@ -389,9 +390,8 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             t = start + dt
         t = max(t, r.end_s)
         if par.optimizer_step:
-            tied = [n for run, n in zip(runs, params) if profile.layers[run.index].block == "embedding"]
-            ends = p > 1 and (s == 0 or s == p - 1)  # the head holds a copy of the word embedding
-            step = optimizer_step_s(profile, sum(params), tied[0] if tied and ends else 0, p)
+            ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
+            step = optimizer_step_s(profile, sum(params), tied if ends else 0, p)
             event(s, "optimizer step", t, step)
             t += step
         if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:

@@ -288,3 +288,20 @@ def test_batched_gemm_folds_its_batch_into_m():
     traced = trace(Bmm(), (torch.randn(3, 8, 16, requires_grad=True),), {})
     (op,) = [o for o in traced.ops if o.fwd.gemms]
     assert op.fwd.gemms == [(3 * 8, 16, 24)]
+
+
+def test_both_end_stages_all_reduce_the_tied_embedding():
+    from conftest import small_profile
+
+    from lynx_planner.simulator import optimizer_step_s
+
+    prof = small_profile(tp=1, pp=2, m=2)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"optimizer_step": True})})
+    plans = ev.stage_plans(prof, [0, 5, 10], [ev.none_policy(prof, i) for i in range(10)])
+    res = ev.evaluate(prof, plans).sim
+    emb = prof.layers[0].params
+    assert prof.layers[0].block == "embedding" and emb > 0
+    for s, (first, end) in enumerate(((0, 5), (5, 10))):
+        own = sum(l.params for l in prof.layers[first:end])
+        assert res.stages[s].grad_reduce_exposed_s == pytest.approx(optimizer_step_s(prof, own, emb, 2))
+        assert optimizer_step_s(prof, own, emb, 2) > optimizer_step_s(prof, own, 0, 2)
