@@ -65,7 +65,7 @@ class Hardware(_Model):
                                         description="measured point-to-point latency")
     # The compute curve and the memory reserve (costs.py, docs/accuracy.md). Left out at None: files written before
     # them keep their bytes and their meaning (flat efficiency, backward = 2 x forward, the default reserve).
-    gemm_half_dim: float | None = Field(None, gt=0, exclude_if=lambda v: v is None,
+    gemm_half_dim: float | None = Field(None, ge=0, exclude_if=lambda v: v is None,
                                         description="a GEMM dimension that alone halves gemm_efficiency (costs.py)")
     gemm_backward_efficiency: float | None = Field(
         None, gt=0, le=1, exclude_if=lambda v: v is None,
