@@ -46,9 +46,8 @@ class _OpList:
 
     def gemm(self, id: str, m: int, k: int, n: int, saves: list[str], inputs: list[str] | None = None,
              tags: list[str] | None = None) -> str:
-        flops = 2.0 * m * k * n
-        t = costs.gemm_s(flops, self.hw)
-        return self.add(id, inputs=inputs, saves=saves, fwd_s=t, bwd_s=2 * t, flops=flops, out_bytes=ACT * m * n,
+        return self.add(id, inputs=inputs, saves=saves, fwd_s=costs.gemm_fwd_s(m, k, n, self.hw),
+                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw), flops=2.0 * m * k * n, out_bytes=ACT * m * n,
                         tags=tags or [])
 
     def elementwise(self, id: str, out_bytes: int, fwd_rw: float, bwd_rw: float, **kw) -> str:
@@ -118,7 +117,7 @@ def gpt_layer_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention
     heads = a // t
     if attention == "flash":
         flops = 4.0 * b * s * s * h / t  # q kᵀ and p v, counted non-causal as FlopCounterMode does
-        fwd = costs.attention_s(flops / 2, hw)  # causal: half the tiles
+        fwd = costs.attention_s(flops / 2, hw, per_head_flops=flops / 2 / (b * heads))  # causal: half the tiles
         core = ops.add("attn.core:_scaled_dot_product_flash_attention#0", inputs=[qkv], saves=[qkv, "self"],
                        fwd_s=fwd, bwd_s=2.5 * fwd, flops=flops, out_bytes=ACT * n * h // t,
                        aux_bytes=STAT * b * heads * s, tags=["core_attn"])

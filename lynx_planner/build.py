@@ -45,6 +45,8 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     if dtype is not None or autocast is not None:
         raise InputError(f"{'--dtype' if dtype is not None else '--autocast'}: {model!r} is a catalog model, "
                          "profiled analytically in bf16; the precision options apply to model files")
+    # A catalog model is priced as a whole Megatron iteration: optimizer step included, Megatron's rank order.
+    par = par.model_copy(update={"optimizer_step": True, "rank_order": "tp-dp-pp"})
     try:
         return gpt_profile(MODELS[model], par, hw, attention or "flash", dropout)
     except ValidationError as e:

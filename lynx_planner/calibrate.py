@@ -1,8 +1,9 @@
 """`lynx hardware calibrate`: measure this machine's device and links and describe them as a Hardware file.
 
 Compute (on the GPU when one is present, else the CPU with `threads` threads, as one pipeline rank would run):
-GEMM throughput (the best of a few square sizes: peak_flops, so gemm_efficiency is 1), fused attention throughput
-relative to it, and memory bandwidth (a large copy, read + write: hbm_bytes_per_s, memory_efficiency 1). Links, between
+GEMM times over a sweep of shapes, fitted by the shape model of costs.py (peak_flops: the top speed, so
+gemm_efficiency is 1; gemm_half_dim), the backward GEMMs (dgrad and wgrad) against that model
+(gemm_backward_efficiency), fused attention throughput relative to the top speed, and memory bandwidth (a large copy, read + write: hbm_bytes_per_s, memory_efficiency 1). Links, between
 two local processes over the default backend (NCCL on GPUs, else gloo): point-to-point bandwidth and latency
 (ping-pong), all-reduce bus bandwidth and latency (nccl-tests' busbw = algbw * 2(n-1)/n), and the interference factor:
 how much slower a GEMM loop runs while an all-reduce is in flight beside it. Figures are medians of repeated runs.
@@ -34,16 +35,46 @@ def _median_time(fn, repeats: int, sync=lambda: None) -> float:
     return statistics.median(times)
 
 
+# GEMM shapes of the shape sweep (m, k, n): square and skinny, as transformer layers have them (CPU: small enough to
+# take about a second in all; GPU: layer-sized).
+_SHAPES_CPU = [(n, n, n) for n in (128, 256, 512, 1024)] + [(1024, 64, 1024), (1024, 1024, 64), (64, 1024, 1024),
+                                                             (2048, 256, 1024), (2048, 1024, 256)]
+_SHAPES_GPU = [(n, n, n) for n in (512, 1024, 2048, 4096, 8192)] + [(8192, 128, 8192), (8192, 8192, 128),
+                                                                   (16384, 768, 6144), (16384, 6144, 2304)]
+_HALF_DIMS = (0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)  # 0: no loss by shape
+
+
+def fit_shape_model(times: dict[tuple[int, int, int], float]) -> tuple[float, float]:
+    """(top FLOP/s, gemm_half_dim) of the shape model (costs.py) that best explains measured GEMM times: for each
+    candidate half-dimension, the top speed is the median of achieved / q(m) q(k) q(n); the candidate with the
+    smallest median relative error wins."""
+    best = None
+    for d in _HALF_DIMS:
+        q = {s: (s[0] / (s[0] + d)) * (s[1] / (s[1] + d)) * (s[2] / (s[2] + d)) for s in times}
+        top = statistics.median(2.0 * m * k * n / t / q[(m, k, n)] for (m, k, n), t in times.items())
+        err = statistics.median(abs(2.0 * m * k * n / (top * q[(m, k, n)]) / t - 1) for (m, k, n), t in times.items())
+        if best is None or err < best[0]:
+            best = (err, top, d)
+    return best[1], best[2]
+
+
 def _compute(device: str, repeats: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    best = 0.0
-    for n in (512, 1024, 2048) if device == "cpu" else (4096, 8192):
-        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        best = max(best, 2 * n**3 / _median_time(lambda a=a, b=b: a @ b, repeats, sync))
+    times = {}
+    for m, k, n in _SHAPES_CPU if device == "cpu" else _SHAPES_GPU:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        times[(m, k, n)] = _median_time(lambda a=a, b=b: a @ b, repeats, sync)
+    top, half_dim = fit_shape_model(times)
+    # backward of [m, k] @ [k, n]: dgrad g @ b^T and wgrad a^T @ g (the shape model gives them the forward's time),
+    # against two forwards, timed alternately so that load on the machine hits both alike
+    m, k, n = (1024, 1024, 1024) if device == "cpu" else (8192, 4096, 4096)
+    a, b, g = (torch.randn(*s, device=device, dtype=dtype) for s in ((m, k), (k, n), (m, n)))
+    ratios = [_median_time(lambda: (g @ b.t(), a.t() @ g), 3, sync) / _median_time(lambda: (a @ b, a @ b), 3, sync)
+              for _ in range(repeats)]
     batch, heads, seq, dim = (2, 8, 512, 64) if device == "cpu" else (8, 32, 2048, 128)
     q, k, v = (torch.randn(batch, heads, seq, dim, device=device, dtype=dtype) for _ in range(3))
     attn_s = _median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), repeats, sync)
@@ -52,8 +83,9 @@ def _compute(device: str, repeats: int) -> dict[str, float]:
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     copy_s = _median_time(lambda: dst.copy_(src), repeats, sync)
-    return {"gemm_flops": best, "attention_efficiency": min(1.0, attn_flops / attn_s / best),
-            "memory_bytes_per_s": 2 * nbytes / copy_s}
+    return {"gemm_flops": top, "gemm_half_dim": half_dim,
+            "gemm_backward_efficiency": min(1.0, 1 / statistics.median(ratios)),
+            "attention_efficiency": min(1.0, attn_flops / attn_s / top), "memory_bytes_per_s": 2 * nbytes / copy_s}
 
 
 def _links(rank: int, world: int, port: int, device: str, threads: int, repeats: int, out_dir: str) -> None:
@@ -157,6 +189,7 @@ def calibrate(name: str = "local", threads: int = 1, repeats: int = 10) -> Hardw
     return Hardware(
         name=name, memory_bytes=memory, peak_flops=compute["gemm_flops"], hbm_bytes_per_s=compute["memory_bytes_per_s"],
         gemm_efficiency=1.0, attention_efficiency=compute["attention_efficiency"], memory_efficiency=1.0,
+        gemm_half_dim=compute["gemm_half_dim"], gemm_backward_efficiency=compute["gemm_backward_efficiency"],
         gpus_per_node=per_node, intra_node_bus_bytes_per_s=links["bus_bytes_per_s"],
         intra_node_latency_s=links["latency_s"], inter_node_bus_bytes_per_s=links["bus_bytes_per_s"],
         inter_node_latency_s=links["latency_s"], interference=links["interference"],

@@ -43,6 +43,7 @@ from .io import (
     same_file,
     write_atomic,
 )
+from .models.hardware import default_memory_limit
 from .schema import Hardware, ParallelConfig, Plan, Profile
 
 app = typer.Typer(
@@ -357,6 +358,14 @@ def profile_cmd(
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
         "--use-distributed-optimizer).")] = False,
+    overlap_grad_reduce: Annotated[bool, typer.Option(
+        "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Reduce DP gradients during the last backward "
+        "(Megatron --overlap-grad-reduce).")] = True,
+    overlap_param_gather: Annotated[bool, typer.Option(
+        "--overlap-param-gather", help="With --distributed-optimizer: all-gather the updated weights during the "
+        "next forward (Megatron --overlap-param-gather).")] = False,
+    tp_comm_overlap: Annotated[bool, typer.Option(
+        "--tp-comm-overlap", help="Overlap TP collectives with their GEMMs (Megatron --tp-comm-overlap).")] = False,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     _check_output(output, "-o", (model, hardware))
@@ -369,7 +378,9 @@ def profile_cmd(
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
-                             schedule=schedule.value, distributed_optimizer=distributed_optimizer)
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer,
+                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                             tp_comm_overlap=tp_comm_overlap)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
@@ -443,7 +454,7 @@ def plan_cmd(
              "checkmate, adapipe.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan JSON.")],
     memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the profile's device memory",
+        show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
         help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, show_default="the solver's own", help="Seconds the MILP solvers (opt, checkmate) may search.")]
@@ -465,7 +476,7 @@ def plan_cmd(
     time_limit = _seconds(time_limit)
     profile = _load_profile(profile_path)
     sha = file_sha256(profile_path)
-    limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
+    limit = _size(memory_limit, "--memory-limit") or default_memory_limit(profile.hardware)
     try:
         with err.status(f"searching ({algo}) ..."):
             plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,
@@ -563,7 +574,7 @@ def compare_rows(profile: Profile, algos: list[str], limit: int, time_limit: flo
 def compare_cmd(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")],
     memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the profile's device memory",
+        show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
         help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
     algos: Annotated[Optional[str], typer.Option(
         show_default="all: heu,opt,none,full,selective,uniform,block,checkmate,adapipe",
@@ -584,7 +595,7 @@ def compare_cmd(
     names = _algos(algos)
     time_limit = _seconds(time_limit)
     profile = _load_profile(profile_path)
-    limit = _size(memory_limit, "--memory-limit") or profile.hardware.memory_bytes
+    limit = _size(memory_limit, "--memory-limit") or default_memory_limit(profile.hardware)
     rows = compare_rows(profile, names, limit, time_limit, progress=True)
     for r in rows:
         if not r["available"]:
@@ -942,7 +953,8 @@ def tune_cmd(
         help="Number of GPUs.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
     memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the device memory", help="Per-device memory budget: 80GiB, 40GB, 512MiB or bytes.")] = None,
+        show_default="the device memory less the reserve (1 GiB + 4%)",
+        help="Per-device memory budget: 80GiB, 40GB, 512MiB or bytes.")] = None,
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
@@ -986,7 +998,7 @@ def tune_cmd(
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:
-            _print_tune(model, gpus, hw, global_batch, seq_len, limit or hw.memory_bytes, result)
+            _print_tune(model, gpus, hw, global_batch, seq_len, limit or default_memory_limit(hw), result)
         if result.time_limit_hit:
             left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
             err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
@@ -996,7 +1008,7 @@ def tune_cmd(
                              f"{hw.name} was planned")
         if not result.top:
             raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
-                             f"{format_bytes(limit or hw.memory_bytes)}, even with full recomputation")
+                             f"{format_bytes(limit or default_memory_limit(hw))}, even with full recomputation")
         if out_dir is not None:
             if result.best_plan is None:
                 raise InputError(f"--out: HEU found no plan for the best layout {result.top[0].layout.label()}")
@@ -1012,7 +1024,7 @@ def tune_cmd(
             points = [{"algo": r.algo, "peak_memory_bytes": r.peak_memory_bytes,
                        "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
                        "label": r.layout.label() if id(r) in labelled else ""} for r in result.rows if r.fits]
-            time_memory(points, limit or hw.memory_bytes, f"{model} on {gpus} x {hw.name}, global batch "
+            time_memory(points, limit or default_memory_limit(hw), f"{model} on {gpus} x {hw.name}, global batch "
                         f"{global_batch}", plot, y="tokens_per_s_per_gpu")
             if not as_json:
                 out.print(f"wrote {plot}")

@@ -1,16 +1,64 @@
-"""Time of one kernel or one transfer on a given piece of hardware: roofline for compute, ring formulas for links."""
+"""Time of one kernel or one transfer on a given piece of hardware: efficiency by shape for compute (GEMM by its
+dimensions, attention by its per-head work), a roofline for memory-bound kernels, ring formulas for links.
+
+The GEMM model (one description per kind of hardware: `Hardware.gemm_half_dim`, `gemm_backward_efficiency`):
+[m, k] @ [k, n] runs at  e = gemm_efficiency * q(m) q(n),  q(d) = d / (d + gemm_half_dim): the kernel tiles its
+[m, n] output; a dimension much larger than a tile costs nothing, one near a tile's size leaves part of the tiles
+(and of the last wave) idle; the output dimension that halves the efficiency on its own is gemm_half_dim. A short
+reduction dimension k shows as the roofline: a GEMM is never faster than streaming its operands and result once. It
+pays KERNEL_S to launch. Backward GEMMs (the input gradient dgrad
+[m, n] @ [n, k] and the weight gradient wgrad [k, m] @ [m, n], each on its own shape) run at
+gemm_backward_efficiency of that (transposed operand layouts; wgrad accumulating into fp32 main_grad).
+Fused attention: efficiency grows with the work of one (batch, head) slice, F / (F + attention_half_flops).
+Hardware files without these fields keep the old meaning: flat efficiency, backward = 2 x forward.
+"""
 
 from __future__ import annotations
 
 from .schema import Hardware
 
+ELEM = 2  # bytes of a bf16 GEMM operand
+KERNEL_S = 4e-6  # launch and tail of one kernel, with the shape model only
+
 
 def gemm_s(flops: float, hw: Hardware) -> float:
+    """A large GEMM of `flops` FLOPs (the flat efficiency: no shape)."""
     return flops / (hw.peak_flops * hw.gemm_efficiency)
 
 
-def attention_s(flops: float, hw: Hardware) -> float:
-    return flops / (hw.peak_flops * hw.attention_efficiency)
+def shape_efficiency(m: int, k: int, n: int, hw: Hardware) -> float:
+    """Achieved / peak FLOP/s of an [m, k] @ [k, n] GEMM."""
+    d = hw.gemm_half_dim
+    if d is None:
+        return hw.gemm_efficiency
+    return hw.gemm_efficiency * (m / (m + d)) * (n / (n + d))
+
+
+def _gemm_shape_s(m: int, k: int, n: int, hw: Hardware) -> float:
+    t = 2.0 * m * k * n / (hw.peak_flops * shape_efficiency(m, k, n, hw))
+    if hw.gemm_half_dim is None:
+        return t
+    return max(t, memory_s(ELEM * (m * k + k * n + m * n), hw)) + KERNEL_S
+
+
+def gemm_fwd_s(m: int, k: int, n: int, hw: Hardware) -> float:
+    return _gemm_shape_s(m, k, n, hw)
+
+
+def gemm_bwd_s(m: int, k: int, n: int, hw: Hardware) -> float:
+    """Backward of [m, k] @ [k, n]: dgrad [m, n] @ [n, k] plus wgrad [k, m] @ [m, n]."""
+    if hw.gemm_half_dim is None and hw.gemm_backward_efficiency is None:
+        return 2 * gemm_fwd_s(m, k, n, hw)  # the old meaning, for hardware files without the shape model
+    return (_gemm_shape_s(m, n, k, hw) + _gemm_shape_s(k, m, n, hw)) / (hw.gemm_backward_efficiency or 1.0)
+
+
+def attention_s(flops: float, hw: Hardware, per_head_flops: float | None = None) -> float:
+    """A fused attention kernel of `flops` FLOPs whose (batch, head) slices do `per_head_flops` each: efficiency
+    grows with the work of one slice (sequence squared times head size), on the same curve as GEMMs."""
+    half = hw.attention_half_flops
+    if half is None or per_head_flops is None:
+        return flops / (hw.peak_flops * hw.attention_efficiency)
+    return flops * (per_head_flops + half) / per_head_flops / (hw.peak_flops * hw.attention_efficiency)
 
 
 def memory_s(nbytes: float, hw: Hardware) -> float:
@@ -23,6 +71,14 @@ def link(hw: Hardware, ranks_spanned: int) -> tuple[float, float]:
     if ranks_spanned <= hw.gpus_per_node:
         return hw.intra_node_bus_bytes_per_s, hw.intra_node_latency_s
     return hw.inter_node_bus_bytes_per_s, hw.inter_node_latency_s
+
+
+def p2p_link(hw: Hardware, ranks_apart: int) -> tuple[float, float]:
+    """(bandwidth, latency) of a send between two ranks `ranks_apart` apart: the measured point-to-point link where
+    the hardware gives one and both ranks share a node, else the collective link of that span."""
+    if ranks_apart < hw.gpus_per_node and hw.p2p_bytes_per_s is not None:
+        return hw.p2p_bytes_per_s, hw.p2p_latency_s if hw.p2p_latency_s is not None else hw.intra_node_latency_s
+    return link(hw, ranks_apart + 1)
 
 
 def all_reduce_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:

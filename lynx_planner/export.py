@@ -146,9 +146,14 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
             flags.append(f"--ffn-hidden-size {cfg['ffn_hidden']}")
         flags.append(f"--max-position-embeddings {par.seq_len}")
     if par.dp > 1:
-        flags.append("--overlap-grad-reduce")
+        if par.overlap_grad_reduce:
+            flags.append("--overlap-grad-reduce")
         if par.distributed_optimizer:
             flags.append("--use-distributed-optimizer")
+            if par.overlap_param_gather:
+                flags.append("--overlap-param-gather")
+    if par.tp_comm_overlap:
+        flags.append("--tp-comm-overlap")
     flags += precision_flags(profile)
     if profile.attention == "flash":
         flags.append("--attention-backend flash")

@@ -63,6 +63,19 @@ class Hardware(_Model):
                                                   description="measured point-to-point bandwidth between two ranks")
     p2p_latency_s: float | None = Field(None, ge=0, exclude_if=lambda v: v is None,
                                         description="measured point-to-point latency")
+    # The compute curve and the memory reserve (costs.py, docs/accuracy.md). Left out at None: files written before
+    # them keep their bytes and their meaning (flat efficiency, backward = 2 x forward, the default reserve).
+    gemm_half_dim: float | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                        description="a GEMM dimension that alone halves gemm_efficiency (costs.py)")
+    gemm_backward_efficiency: float | None = Field(
+        None, gt=0, le=1, exclude_if=lambda v: v is None,
+        description="efficiency of the backward GEMMs (dgrad, wgrad) relative to the forward's at the same size")
+    attention_half_flops: float | None = Field(
+        None, ge=0, exclude_if=lambda v: v is None,
+        description="FLOPs of one (batch, head) slice of fused attention that runs at half of attention_efficiency")
+    memory_reserve_bytes: int | None = Field(
+        None, ge=0, exclude_if=lambda v: v is None,
+        description="device memory the allocator, libraries and fragmentation hold (None: models.hardware default)")
 
 
 # Bounds that fail fast instead of exhausting memory or time: far beyond real training setups, and small enough that
@@ -82,11 +95,32 @@ class ParallelConfig(_Model):
     sequence_parallel: bool = False
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     distributed_optimizer: bool = False
+    # How a real Megatron run overlaps its communication and orders its ranks (simulator.py, docs/accuracy.md). Left
+    # out of the JSON at their defaults, which keep the meaning of profiles written before them.
+    overlap_grad_reduce: bool = Field(True, exclude_if=lambda v: v is True,
+                                      description="DP gradient reduction overlapped with the last backward")
+    overlap_param_gather: bool = Field(False, exclude_if=lambda v: v is False,
+                                       description="distributed optimizer: the weight all-gather overlapped with the "
+                                       "next iteration's forward (Megatron --overlap-param-gather)")
+    tp_comm_overlap: bool = Field(False, exclude_if=lambda v: v is False,
+                                  description="TP collectives overlapped with their GEMMs (--tp-comm-overlap)")
+    rank_order: Literal["tp-dp-pp"] | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="'tp-dp-pp': Megatron's order (neighbouring stages tp x dp ranks apart, p2p over the p2p link); "
+        "None: as profiles before it (p2p over the link spanning tp x pp ranks)")
+    optimizer_step: bool = Field(False, exclude_if=lambda v: v is False,
+                                 description="the iteration ends with gradient clipping and the Adam step")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("tp_comm_overlap (--tp-comm-overlap) needs sequence_parallel (--sequence-parallel), "
+                             "as in Megatron")
+        if self.overlap_param_gather and not self.distributed_optimizer:
+            raise ValueError("overlap_param_gather (--overlap-param-gather) needs distributed_optimizer "
+                             "(--distributed-optimizer)")
         return self
 
 

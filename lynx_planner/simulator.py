@@ -42,6 +42,32 @@ class LayerRun:
 @per_object
 def block_segments(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Forward and backward of one block as alternating busy and idle seconds."""
+    return _segments_of(block, False)
+
+
+@per_object
+def block_segments_tp_overlap(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The same with Megatron's --tp-comm-overlap: each TP collective runs in chunks beside its neighbouring GEMM
+    (the larger of the compute ops before and after it), so only what outlasts that GEMM is idle."""
+    return _segments_of(block, True)
+
+
+def segments(profile: Profile, block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A block's busy and idle seconds in this profile's setup (with or without --tp-comm-overlap)."""
+    return (block_segments_tp_overlap if profile.parallel.tp_comm_overlap else block_segments)(block)
+
+
+def _segments_of(block: Block, tp_overlap: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    ops = [op for op in block.ops if not op.view]
+    beside = [0.0] * len(ops)  # (forward, backward) compute a collective can hide behind
+    beside_b = [0.0] * len(ops)
+    if tp_overlap:
+        for i, op in enumerate(ops):
+            if op.kind == "collective":
+                near = [o for o in (ops[i - 1] if i else None, ops[i + 1] if i + 1 < len(ops) else None)
+                        if o is not None and o.kind == "compute"]
+                beside[i] = max((o.fwd_s for o in near), default=0.0)
+                beside_b[i] = max((o.bwd_s for o in near), default=0.0)
 
     def alternate(items: list[tuple[bool, float]]) -> tuple[float, ...]:
         segs = [0.0]
@@ -51,11 +77,12 @@ def block_segments(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
             segs[-1] += dt
         return tuple(segs)
 
-    fwd = [(op.kind == "collective", op.fwd_s) for op in block.ops if not op.view]
+    fwd = [(True, max(0.0, op.fwd_s - beside[i])) if op.kind == "collective" else (False, op.fwd_s)
+           for i, op in enumerate(ops)]
     bwd = [
-        (True, max(0.0, op.bwd_s - op.bwd_overlap_s)) if op.kind == "collective" else (False, op.bwd_s)
-        for op in reversed(block.ops)
-        if not op.view
+        (True, max(0.0, op.bwd_s - max(op.bwd_overlap_s, beside_b[i]))) if op.kind == "collective"
+        else (False, op.bwd_s)
+        for i, op in reversed(list(enumerate(ops)))
     ]
     return alternate(fwd), alternate(bwd)
 
@@ -64,7 +91,7 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     block = profile.blocks[profile.layers[index].block]
     info = policy.analyse(block)
     c = policy.cost(info, frozenset(pol.keep), tuple(pol.recompute))
-    fwd, bwd = block_segments(block)
+    fwd, bwd = segments(profile, block)
     kept, rec = c.kept_bytes, c.recomputed_bytes
     trigger = None
     if pol.recompute_with is not None:
@@ -273,7 +300,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     p, m = len(stage_layers), par.num_microbatches
     events: list[dict] | None = [] if trace else None
     stages = [_Stage(s, runs, hw.interference, events) for s, runs in enumerate(stage_layers)]
-    bus = costs.link(hw, par.tp * p)
+    bus = costs.p2p_link(hw, par.tp * par.dp) if par.rank_order == "tp-dp-pp" else costs.link(hw, par.tp * p)
     send = [costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for runs in stage_layers]
     orders = [placements.schedule(par.schedule, p, s, m) for s in range(p)]
     fires = [placements.prev_forward_releases(par.schedule, p, s, m) for s in range(p)]
@@ -314,26 +341,43 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
 
 GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_grad buffers)
 PARAM_BYTES = 2  # the distributed optimizer all-gathers the updated bf16 weights
+# Bytes the optimizer step moves per parameter it updates (multi-tensor kernels, memory-bound): the gradient norm
+# reads the fp32 gradient (4), clipping scales it in place (8), Adam reads the gradient (4), reads and writes the
+# fp32 master weight, m and v (24) and writes the bf16 weight (2).
+OPTIMIZER_BYTES_PER_PARAM = 42
 
 
 def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], results: list[StageResult],
                      events: list[dict] | None = None) -> None:
-    """Data parallelism: each stage reduces its gradients over its DP group at the end of the iteration, layer by
-    layer as the last micro-batch's backward finishes them (Megatron's --overlap-grad-reduce; one stream, in
-    backward order), then, with the distributed optimizer, all-gathers its updated weights (exposed). An all-reduce,
-    or a reduce-scatter with the distributed optimizer, over the links the group spans (ranks tp apart, Megatron's
-    order). A layer's gradients are taken as ready when its backward's compute is done, ignoring exposed
-    recomputation of the layers below it in that backward (which would only make them ready earlier). Moves each
-    stage's `end_s` (in place)."""
+    """The end of the iteration on each stage, after its last backward; moves each stage's `end_s` (in place).
+
+    Data parallelism: each stage reduces its gradients over its DP group, layer by layer as the last micro-batch's
+    backward finishes them (Megatron's --overlap-grad-reduce; one stream, in backward order; without it, all after
+    the last backward): an all-reduce, or a reduce-scatter with the distributed optimizer, over the links the group
+    spans (ranks tp apart, Megatron's order). A layer's gradients are taken as ready when its backward's compute is
+    done, ignoring exposed recomputation of the layers below it in that backward (which would only make them ready
+    earlier). With `optimizer_step`: the tied word embedding's gradients are all-reduced between the first and last
+    stage (pp > 1), then the gradient norm (an all-reduce of one number over all ranks), clipping and the Adam step
+    on this rank's parameters (its DP shard with the distributed optimizer). Then, with the distributed optimizer,
+    the updated weights are all-gathered: exposed, or hidden in the next iteration's forward with
+    --overlap-param-gather."""
     par, hw = profile.parallel, profile.hardware
-    if par.dp == 1:
+    if par.dp == 1 and not par.optimizer_step:
         return
     bus = costs.link(hw, par.tp * par.dp)
+    p = len(stage_layers)
+    tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
+
+    def event(s: int, name: str, start: float, dur: float) -> None:
+        if events is not None and dur > 0:
+            events.append({"name": name, "ph": "X", "pid": s, "tid": "dp collective", "ts": start * 1e6,
+                           "dur": dur * 1e6})
+
     for s, (runs, r) in enumerate(zip(stage_layers, results)):
         ready = r.end_s  # the bottom layer's gradients are complete when the last backward ends
         ready_at = []
         for run in runs:  # bottom up: a layer is done before the backward of the layers below it
-            ready_at.append(ready)
+            ready_at.append(ready if par.overlap_grad_reduce else r.end_s)
             ready -= sum(run.bwd)
         params = [profile.layers[run.index].params for run in runs]
         t = 0.0
@@ -342,15 +386,31 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             dt = (costs.all_gather_s(nbytes, par.dp, bus) if par.distributed_optimizer
                   else costs.all_reduce_s(nbytes, par.dp, bus))
             start = max(t, at)
-            if events is not None and dt > 0:
-                events.append({"name": f"DP grad L{run.index}", "ph": "X", "pid": s, "tid": "dp collective",
-                               "ts": start * 1e6, "dur": dt * 1e6})
+            event(s, f"DP grad L{run.index}", start, dt)
             t = start + dt
-        if par.distributed_optimizer:
+        t = max(t, r.end_s)
+        if par.optimizer_step:
+            ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
+            step = optimizer_step_s(profile, sum(params), tied if ends else 0, p)
+            event(s, "optimizer step", t, step)
+            t += step
+        if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
             gather = costs.all_gather_s(PARAM_BYTES * sum(params), par.dp, bus)
-            if events is not None and gather > 0:
-                events.append({"name": "DP param all-gather", "ph": "X", "pid": s, "tid": "dp collective",
-                               "ts": max(t, r.end_s) * 1e6, "dur": gather * 1e6})
-            t = max(t, r.end_s) + gather
+            event(s, "DP param all-gather", t, gather)
+            t += gather
         r.grad_reduce_exposed_s = max(0.0, t - r.end_s)
-        r.end_s = max(t, r.end_s)
+        r.end_s = t
+
+
+def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages: int = 1) -> float:
+    """The end of an iteration on a stage holding `params` parameters (this rank's): the all-reduce of the tied word
+    embedding's gradients between the first and last stage (`tied_params`), the gradient norm (one number
+    all-reduced over all ranks), clipping and the Adam step on this rank's share (its DP shard with the distributed
+    optimizer)."""
+    par, hw = profile.parallel, profile.hardware
+    t = 0.0
+    if tied_params:
+        t += costs.all_reduce_s(GRAD_BYTES * tied_params, 2, costs.link(hw, par.tp * par.dp * (stages - 1) + 1))
+    ranks = par.tp * par.dp * stages
+    t += costs.all_reduce_s(4, ranks, costs.link(hw, ranks))
+    return t + costs.memory_s(OPTIMIZER_BYTES_PER_PARAM * params / (par.dp if par.distributed_optimizer else 1), hw)

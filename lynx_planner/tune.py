@@ -24,8 +24,9 @@ from . import evaluate as ev
 from .analytic import bytes_per_param
 from .build import build_profile, is_model_file
 from .io import InputError
+from .models.hardware import default_memory_limit
 from .schema import MAX_DP, MAX_MICROBATCHES, Hardware, ParallelConfig, Plan, Profile
-from .simulator import block_segments
+from .simulator import optimizer_step_s, segments
 
 MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
 MEGATRON_ROWS = MEGATRON + ("none",)  # block with N = 0 is Megatron without recomputation
@@ -176,14 +177,17 @@ def no_layout_reason(model: str, gpus: int, hw: Hardware, global_batch: int, num
 
 def balanced_ideal_s(profile: Profile) -> float:
     """(M + p - 1) x W / p: one micro-batch's forward and backward over all layers (W, TP waits included), on p
-    perfectly equal stages, with free transfers, no recomputation and no data-parallel tail: a bound no plan of the
-    layout beats."""
+    perfectly equal stages, with free transfers, no recomputation and no data-parallel tail (the optimizer step of
+    an equal share of the parameters where the profile has one): a bound no plan of the layout beats."""
     work = 0.0
     for layer in profile.layers:
-        fwd, bwd = block_segments(profile.blocks[layer.block])
+        fwd, bwd = segments(profile, profile.blocks[layer.block])
         work += sum(fwd) + sum(bwd)
     p, m = profile.parallel.pp, profile.parallel.num_microbatches
-    return (m + p - 1) * work / p
+    step = 0.0
+    if profile.parallel.optimizer_step:
+        step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p)
+    return (m + p - 1) * work / p + step
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -301,7 +305,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
          make_plan: bool = True) -> TuneResult:
     """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`."""
     t0 = time.perf_counter()
-    limit = memory_limit or hw.memory_bytes
+    limit = memory_limit or default_memory_limit(hw)
     profiles = profiles or Profiles(model, hw, seq_len, distributed_optimizer)
     num_layers, heads = model_shape(model, profiles)
     tokens = global_batch * seq_len
@@ -457,7 +461,7 @@ def size_up(model: str, hw: Hardware, global_batch: int, seq_len: int = 2048, me
             progress: Callable[[int, int, str], None] | None = None) -> Sizing:
     """The fewest GPUs (powers of two) of kind `hw` on which the model trains within memory, and the best
     configuration there and at `sizes_above` doublings above it."""
-    limit = memory_limit or hw.memory_bytes
+    limit = memory_limit or default_memory_limit(hw)
     profiles = Profiles(model, hw, seq_len, distributed_optimizer)
     fewest = None
     for n in GPU_COUNTS:

@@ -27,6 +27,10 @@ from lynx_planner import apply_plan, evaluate, policy, solvers
 from lynx_planner.io import dumps, file_sha256
 from lynx_planner.opid import split_use
 from lynx_planner.models.hardware import HARDWARE
+
+# The zoo checks bytes and gradients, not times: flat GEMM efficiency (no shape model, docs/accuracy.md) keeps the HEU
+# plans its cases were pinned with, so that the strict xfail of autocast's shared-weight copy stays meaningful.
+FLAT_A100 = HARDWARE["a100-80g-nvlink"].model_copy(update={"gemm_half_dim": None, "gemm_backward_efficiency": None})
 from lynx_planner.profiler import load_model_file, profile_model_file
 from lynx_planner.profiler.loading import Precision
 from lynx_planner.runtime import dry_run
@@ -151,7 +155,7 @@ def run_cell(name: str, precision: str, workdir: Path) -> Cell:
     try:
         pp = PIPELINED.get(name, 1)
         prof = profile_model_file(ZOO_FILE, parallel=ParallelConfig(pp=pp, num_microbatches=2 * pp),
-                                  hardware=HARDWARE["a100-80g-nvlink"], overrides={"name": name}, dtype=dtype,
+                                  hardware=FLAT_A100, overrides={"name": name}, dtype=dtype,
                                   autocast=autocast, progress=False, warn=lambda m: None)
         prof_path = workdir / f"{name}-{precision}.profile.json"
         prof_path.write_text(dumps(prof))

@@ -1,5 +1,6 @@
-"""The hardware catalog. Peaks are datasheet values; efficiencies, bus bandwidths and the interference factor are
-assumptions to calibrate once per cluster (a GEMM microbenchmark and nccl-tests `busbw`)."""
+"""The hardware catalog and the memory reserve. Peaks are datasheet values (cited per kind); efficiencies, the compute
+curve (costs.py), bus bandwidths and the interference factor are one description per kind of GPU, to calibrate once
+per cluster (a GEMM sweep and nccl-tests `busbw`); docs/accuracy.md says where each constant was fitted."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ _ASSUMED = (
     "calibrate them with a GEMM microbenchmark and nccl-tests on the target cluster."
 )
 
+# The shape model (costs.py), fitted on one source, Korthikanti et al. 2022 (A100, Tables 4 and 5: the best of a
+# grid over GEMM_EFFICIENCY x GEMM_HALF_DIM x GEMM_BACKWARD_EFFICIENCY), and checked on Narayanan et al. 2021 (A100)
+# and Megatron-LM's H100 table (benchmarks/published_runs.py; docs/accuracy.md). The same on every NVIDIA kind.
+GEMM_EFFICIENCY = 0.85
+GEMM_HALF_DIM = 256.0  # an output 2048 x 768 (tokens x columns per rank) runs at 0.85 x 0.67
+ATTENTION_HALF_FLOPS = 1e8  # per (batch, head) slice: 2 s^2 d causal FLOPs; s 1024, d 64 runs at 0.57 of the top
+GEMM_BACKWARD_EFFICIENCY = 0.92
 
-def _hw(name: str, mem_gib: int, tflops: float, hbm_gbs: float, intra_gbs: float, inter_gbs: float, note: str,
-        gemm: float = 0.70, attn: float = 0.50, mem: float = 0.80) -> Hardware:
+
+def _hw(name: str, mem_gib: float, tflops: float, hbm_gbs: float, intra_gbs: float, inter_gbs: float, note: str,
+        gemm: float = GEMM_EFFICIENCY, attn: float = 0.50, mem: float = 0.80) -> Hardware:
     return Hardware(
         name=name,
-        memory_bytes=mem_gib * GiB,
+        memory_bytes=int(mem_gib * GiB),
         peak_flops=tflops * 1e12,
         hbm_bytes_per_s=hbm_gbs * 1e9,
         gemm_efficiency=gemm,
@@ -30,6 +39,9 @@ def _hw(name: str, mem_gib: int, tflops: float, hbm_gbs: float, intra_gbs: float
         inter_node_latency_s=20e-6,
         interference=1.15,
         notes=f"{note} {_ASSUMED}",
+        gemm_half_dim=GEMM_HALF_DIM,
+        attention_half_flops=ATTENTION_HALF_FLOPS,
+        gemm_backward_efficiency=GEMM_BACKWARD_EFFICIENCY,
     )
 
 
@@ -48,5 +60,36 @@ HARDWARE: dict[str, Hardware] = {
         _hw("h100-80g-nvlink", 80, 989.5, 3350.0, 360.0, 45.0,
             "H100 SXM5 80 GB: 989.5 TFLOP/s dense bf16 (1979 with sparsity), 3350 GB/s HBM3; NVLink4/NVSwitch; "
             "400 Gb/s NDR IB per GPU."),
+        _hw("h200-141g-nvlink", 141, 989.5, 4800.0, 360.0, 45.0,
+            "H200 SXM 141 GB (NVIDIA H200 datasheet, nvidia.com/en-us/data-center/h200): 989 TFLOP/s dense bf16 "
+            "(1979 with sparsity), 4.8 TB/s HBM3e; NVLink4 900 GB/s/NVSwitch as H100; 400 Gb/s NDR IB per GPU."),
+        _hw("b200-180g-nvlink", 180, 2250.0, 8000.0, 720.0, 45.0,
+            "B200 in HGX/DGX B200, 180 GB (NVIDIA HGX B200 and DGX B200 datasheets: 36 PFLOP/s fp16/bf16 per "
+            "8 GPUs with sparsity, so 2.25 PFLOP/s dense per GPU; 64 TB/s HBM3e per 8 GPUs, so 8 TB/s); NVLink5 "
+            "1.8 TB/s per GPU (bus bandwidth assumed twice H100's); 400 Gb/s ConnectX-7 per GPU."),
+        _hw("mi300x-192g", 192, 1307.4, 5300.0, 300.0, 45.0,
+            "AMD Instinct MI300X 192 GB (AMD MI300X datasheet): 1307.4 TFLOP/s dense bf16 (2614.9 with sparsity), "
+            "5.3 TB/s HBM3; Infinity Fabric, 7 links of 128 GB/s per GPU in an 8-GPU full mesh (RCCL bus bandwidth "
+            "assumed 300 GB/s); 400 Gb/s per GPU between nodes. GEMM efficiency assumed 0.50 (hipBLASLt reaches "
+            "about half of the datasheet peak on large bf16 GEMMs).", gemm=0.50, attn=0.40),
     ]
 }
+
+# The memory reserve: device memory no plan may count on. The CUDA/ROCm context, NCCL and cuBLAS workspaces hold a
+# fixed part (RESERVE_FIXED_BYTES); the caching allocator's fragmentation grows with what is allocated
+# (RESERVE_FRACTION of the device). On 80 GiB this reserves 4.2 GiB: a plan may use 75.8 GiB.
+RESERVE_FIXED_BYTES = 1 * GiB
+RESERVE_FRACTION = 0.04
+
+
+def memory_reserve(hw: Hardware) -> int:
+    """Bytes of the device held by the allocator, libraries and fragmentation (`memory_reserve_bytes` where the
+    hardware sets it, else RESERVE_FIXED_BYTES + RESERVE_FRACTION of the device, at most half the device)."""
+    if hw.memory_reserve_bytes is not None:
+        return hw.memory_reserve_bytes
+    return min(RESERVE_FIXED_BYTES + int(RESERVE_FRACTION * hw.memory_bytes), hw.memory_bytes // 2)
+
+
+def default_memory_limit(hw: Hardware) -> int:
+    """The memory limit of plan, compare and tune when none is given: the device less the reserve."""
+    return hw.memory_bytes - memory_reserve(hw)

@@ -56,6 +56,16 @@ def _is_causal(func, args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def gemm_shape(out: object, flops: float) -> tuple[int, int, int] | None:
+    """(m, k, n) of a GEMM kernel from its output [..., n] (batch dimensions folded into m) and its FLOPs."""
+    outs = tensors_in(out)
+    if not outs or outs[0].dim() < 1 or outs[0].numel() == 0:
+        return None
+    n = outs[0].shape[-1]
+    m = outs[0].numel() // n
+    return m, max(1, round(flops / (2 * m * n))), n
+
+
 @dataclass
 class Cost:
     """Work of one op (or of the backward charged to it): FLOPs by kind and bytes read plus written."""
@@ -65,13 +75,17 @@ class Cost:
     causal: bool = False
     rw_bytes: float = 0.0
     seconds: float = 0.0  # measured (timed runs only)
+    gemms: list[tuple[int, int, int]] = field(default_factory=list)  # (m, k, n) of each GEMM kernel (costs.py)
 
-    def add(self, kind: str, flops: float, rw_bytes: float, seconds: float, causal: bool) -> None:
+    def add(self, kind: str, flops: float, rw_bytes: float, seconds: float, causal: bool, out: object = None) -> None:
         if kind == ATTENTION:
             self.attention_flops += flops
             self.causal = self.causal or causal
         elif kind == GEMM:
             self.gemm_flops += flops
+            shape = gemm_shape(out, flops)
+            if shape is not None:
+                self.gemms.append(shape)
         else:
             self.rw_bytes += rw_bytes
         self.seconds += seconds
@@ -194,7 +208,7 @@ class OpRecorder(TorchDispatchMode):
             rec.fwd.seconds = seconds
         else:
             rw = sum(map(tensor_bytes, ins)) + sum(map(tensor_bytes, outs))
-            rec.fwd.add(rec.kind, flops, rw, seconds, _is_causal(func, args, kwargs))
+            rec.fwd.add(rec.kind, flops, rw, seconds, _is_causal(func, args, kwargs), out)
             self._own_outputs(rec, outs, out_keys)
             self._pending = (op_id, outs[0])
         if not self._timed:  # held for the trace only: in timed runs it would change allocation costs
@@ -224,7 +238,7 @@ class OpRecorder(TorchDispatchMode):
         rec = self.by_id[self._current]
         name = op_name(func)
         rw = sum(map(tensor_bytes, tensors_in((args, kwargs)))) + sum(map(tensor_bytes, tensors_in(out)))
-        rec.bwd.add(self._kind(name, flops), flops, rw, seconds, _is_causal(func, args, kwargs))
+        rec.bwd.add(self._kind(name, flops), flops, rw, seconds, _is_causal(func, args, kwargs), out)
 
     # -- phases ----------------------------------------------------------------------------------------------------
     def finish_forward(self) -> None:

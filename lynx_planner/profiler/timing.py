@@ -1,6 +1,7 @@
 """Forward and backward time of each op: a roofline estimate, or a measurement on a real device.
 
-analytic: GEMMs by FLOPs at the hardware's GEMM efficiency, attention kernels by FLOPs at the attention efficiency
+analytic: GEMMs by FLOPs at the hardware's GEMM efficiency (each kernel on its shape where the hardware has the shape
+model of costs.py), attention kernels by FLOPs at the attention efficiency
 (halved when causal), every other op by the bytes it reads and writes at the memory efficiency. The backward of an op
 is the work of the backward kernels its autograd node ran in the traced backward (see recorder.py), costed alike.
 
@@ -29,13 +30,19 @@ from .tracing import BlockTrace, fresh_arguments, run_block
 Times = dict[str, tuple[float, float]]  # op id -> (forward, backward) seconds
 
 
-def roofline_s(cost: Cost, hw: Hardware) -> float:
+def roofline_s(cost: Cost, hw: Hardware, backward: bool = False) -> float:
+    """With the hardware's shape model (costs.py), each GEMM kernel on its own shape (a backward's dgrad and wgrad
+    kernels at gemm_backward_efficiency); without it, all GEMM FLOPs at the flat efficiency."""
     attention = cost.attention_flops / 2 if cost.causal else cost.attention_flops
-    return costs.gemm_s(cost.gemm_flops, hw) + costs.attention_s(attention, hw) + costs.memory_s(cost.rw_bytes, hw)
+    gemm = costs.gemm_s(cost.gemm_flops, hw)
+    if hw.gemm_half_dim is not None and cost.gemms:
+        gemm = sum(costs.gemm_fwd_s(m, k, n, hw) for m, k, n in cost.gemms)
+        gemm /= (hw.gemm_backward_efficiency or 1.0) if backward else 1.0
+    return gemm + costs.attention_s(attention, hw) + costs.memory_s(cost.rw_bytes, hw)
 
 
 def analytic_times(traced: BlockTrace, hw: Hardware) -> Times:
-    return {op.id: (roofline_s(op.fwd, hw), roofline_s(op.bwd, hw)) for op in traced.ops}
+    return {op.id: (roofline_s(op.fwd, hw), roofline_s(op.bwd, hw, backward=True)) for op in traced.ops}
 
 
 def _one_run(module: torch.nn.Module, args: tuple, kwargs: dict, known: set[str], context=None) -> Times:

@@ -1,0 +1,307 @@
+"""The accuracy model (issue 17): compute efficiency by shape, backward GEMMs, the whole iteration (optimizer step),
+the overlap options and rank order, the memory reserve, the new hardware kinds, and the published rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lynx_planner import costs, export
+from lynx_planner import evaluate as ev
+from lynx_planner.calibrate import fit_shape_model
+from lynx_planner.models.hardware import HARDWARE, default_memory_limit, memory_reserve
+from lynx_planner.schema import Block, Hardware, Layer, ModelInfo, Op, ParallelConfig, Profile
+from lynx_planner.simulator import OPTIMIZER_BYTES_PER_PARAM, block_segments, block_segments_tp_overlap
+
+from test_dp import P, iteration, synthetic
+
+GiB = 1 << 30
+A100 = HARDWARE["a100-80g-nvlink"]
+FLAT = A100.model_copy(update={"gemm_half_dim": None, "gemm_backward_efficiency": None,
+                               "attention_half_flops": None})
+
+
+# ---------------------------------------------------------------------------------------------- compute by shape
+
+
+def test_flat_hardware_keeps_the_old_meaning():
+    """Hardware files without the shape fields: a GEMM is 2mkn / (peak x efficiency), backward twice that."""
+    f = costs.gemm_fwd_s(1000, 2000, 3000, FLAT)
+    assert f == 2.0 * 1000 * 2000 * 3000 / (FLAT.peak_flops * FLAT.gemm_efficiency)
+    assert costs.gemm_bwd_s(1000, 2000, 3000, FLAT) == 2 * f
+    assert costs.attention_s(1e12, FLAT, per_head_flops=1e6) == 1e12 / (FLAT.peak_flops * FLAT.attention_efficiency)
+
+
+def test_efficiency_grows_with_each_output_dimension_towards_the_top():
+    d = A100.gemm_half_dim
+    assert costs.shape_efficiency(int(d), 10**9, 10**9, A100) == pytest.approx(A100.gemm_efficiency / 2, rel=1e-6)
+    assert costs.shape_efficiency(10**9, 7, int(d), A100) == pytest.approx(A100.gemm_efficiency / 2, rel=1e-6)
+    narrow, wide = costs.shape_efficiency(2048, 6144, 768, A100), costs.shape_efficiency(2048, 6144, 3200, A100)
+    assert narrow < wide < A100.gemm_efficiency
+    few, many = costs.shape_efficiency(512, 6144, 3200, A100), costs.shape_efficiency(8192, 6144, 3200, A100)
+    assert few < many
+    # per FLOP, the 1T model's MLP GEMM at tp 8 (12800 columns per rank) beats the 1.7B's at tp 1 (9216)
+    t_small = costs.gemm_fwd_s(2048, 2304, 9216, A100) / (2048 * 2304 * 9216)
+    t_large = costs.gemm_fwd_s(2048, 25600, 12800, A100) / (2048 * 25600 * 12800)
+    assert t_large < t_small
+
+
+def test_skinny_gemm_is_bound_by_moving_its_operands():
+    hw = A100.model_copy(update={"gemm_half_dim": 1.0})  # shape losses aside
+    m, k, n = 65536, 8, 65536  # 2mkn is small; the m x n output's bytes dominate
+    moved = costs.memory_s(2 * (m * k + k * n + m * n), hw)
+    assert costs.gemm_fwd_s(m, k, n, hw) == pytest.approx(moved + costs.KERNEL_S, rel=1e-12)
+
+
+def test_backward_is_dgrad_plus_wgrad_each_on_its_shape():
+    m, k, n = 8192, 768, 6144  # 22B's attention projection at tp 8: a short k makes dgrad and wgrad narrow
+    be = A100.gemm_backward_efficiency
+    fwd = costs.gemm_fwd_s(m, k, n, A100)
+    dgrad, wgrad = costs.gemm_fwd_s(m, n, k, A100), costs.gemm_fwd_s(k, m, n, A100)
+    assert costs.gemm_bwd_s(m, k, n, A100) == pytest.approx((dgrad + wgrad) / be, rel=1e-12)
+    assert dgrad > fwd and wgrad > fwd  # their outputs have the short side
+    assert costs.gemm_bwd_s(m, k, n, A100) > 2 * fwd / be
+
+
+def test_attention_efficiency_grows_with_the_work_of_a_head():
+    per_flop_short = costs.attention_s(1e12, A100, per_head_flops=2 * 1024**2 * 64) / 1e12
+    per_flop_long = costs.attention_s(1e12, A100, per_head_flops=2 * 8192**2 * 128) / 1e12
+    assert per_flop_long < per_flop_short
+    assert per_flop_long == pytest.approx(1 / (A100.peak_flops * A100.attention_efficiency), rel=0.01)
+
+
+def test_calibrate_recovers_a_known_shape_model():
+    top, d = 5e10, 64.0
+    shapes = [(128, 128, 128), (512, 512, 512), (1024, 64, 1024), (64, 1024, 1024), (2048, 256, 1024)]
+    times = {s: 2.0 * s[0] * s[1] * s[2] / (top * s[0] / (s[0] + d) * s[1] / (s[1] + d) * s[2] / (s[2] + d))
+             for s in shapes}
+    got_top, got_d = fit_shape_model(times)
+    assert got_d == d
+    assert got_top == pytest.approx(top, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- the whole iteration
+
+
+def test_optimizer_step_ends_the_iteration():
+    base = synthetic(1)
+    with_step = base.model_copy(update={"parallel": base.parallel.model_copy(update={"optimizer_step": True})})
+    step = OPTIMIZER_BYTES_PER_PARAM * 2 * P / (base.hardware.hbm_bytes_per_s * base.hardware.memory_efficiency)
+    assert iteration(with_step) == pytest.approx(iteration(base) + step)  # one rank: the norm all-reduce is free
+
+
+def test_distributed_optimizer_steps_on_its_shard_only():
+    def step_s(dist: bool) -> float:
+        prof = synthetic(2, distributed_optimizer=dist)
+        on = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"optimizer_step": True})})
+        return iteration(on) - iteration(prof)
+
+    hw = synthetic(2).hardware
+    full = OPTIMIZER_BYTES_PER_PARAM * 2 * P / (hw.hbm_bytes_per_s * hw.memory_efficiency)
+    # the norm's one-number all-reduce over 2 ranks at zero latency costs ~nothing
+    assert step_s(False) == pytest.approx(full, rel=1e-6)
+    assert step_s(True) == pytest.approx(full / 2, rel=1e-6)
+
+
+def test_without_grad_reduce_overlap_the_reduction_follows_the_backward():
+    prof = synthetic(2)
+    off = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_grad_reduce": False})})
+    assert iteration(prof) == pytest.approx(19.5)  # test_dp: overlapped with the last backward
+    assert iteration(off) == pytest.approx(16.0 + 2 * 3.0)  # both layers' 3 s all-reduces after compute ends
+
+
+def test_overlap_param_gather_hides_the_weight_all_gather():
+    prof = synthetic(2, distributed_optimizer=True)
+    on = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_param_gather": True})})
+    assert iteration(prof) == pytest.approx(19.0)  # test_dp: 17.5 + 1.5 s all-gather
+    assert iteration(on) == pytest.approx(17.5)
+
+
+def test_overlap_param_gather_needs_the_distributed_optimizer():
+    with pytest.raises(ValueError, match="distributed_optimizer"):
+        ParallelConfig(dp=2, overlap_param_gather=True)
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        ParallelConfig(tp=2, tp_comm_overlap=True)
+
+
+# ---------------------------------------------------------------------------------------------- overlaps and links
+
+
+def _tp_block() -> Block:
+    ops = [Op(id="a:tp_all_gather#0", kind="collective", fwd_s=3.0, bwd_s=3.0, out_bytes=0, inputs=["input"]),
+           Op(id="a:mm#0", fwd_s=2.0, bwd_s=4.0, out_bytes=10, inputs=["a:tp_all_gather#0"]),
+           Op(id="b:tp_reduce_scatter#0", kind="collective", fwd_s=1.0, bwd_s=1.0, out_bytes=10, inputs=["a:mm#0"])]
+    return Block(name="b", input_bytes=1, output_bytes=1, ops=ops)
+
+
+def test_tp_comm_overlap_hides_collectives_behind_their_gemm():
+    block = _tp_block()
+    assert block_segments(block) == ((0.0, 3.0, 2.0, 1.0), (0.0, 1.0, 4.0, 3.0))
+    # forward: the all-gather outlasts its 2 s GEMM by 1 s; the reduce-scatter hides entirely. Backward: 4 s GEMM.
+    assert block_segments_tp_overlap(block) == ((0.0, 1.0, 2.0, 0.0), (0.0, 0.0, 4.0, 0.0))
+
+
+def _two_stage(par: ParallelConfig, hw: Hardware) -> Profile:
+    ops = [Op(id="a:mm#0", fwd_s=1.0, bwd_s=2.0, out_bytes=10, inputs=["input"], saves=["input"])]
+    return Profile(model=ModelInfo(name="s", source="test", params=0), parallel=par, hardware=hw,
+                   blocks={"l": Block(name="l", input_bytes=10, output_bytes=8 * 10**9, ops=ops)},
+                   layers=[Layer(block="l", name=f"layers.{i}", params=0, static_bytes=0) for i in range(2)])
+
+
+def test_megatron_rank_order_and_p2p_link_price_the_stage_transfers():
+    hw = A100.model_copy(update={"intra_node_bus_bytes_per_s": 100e9, "inter_node_bus_bytes_per_s": 10e9,
+                                 "intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0,
+                                 "p2p_bytes_per_s": 50e9, "p2p_latency_s": 0.0})
+    old = _two_stage(ParallelConfig(tp=2, pp=2, dp=4, num_microbatches=1), hw)
+    new = old.model_copy(update={"parallel": old.parallel.model_copy(update={"rank_order": "tp-dp-pp"})})
+    near = old.model_copy(update={"parallel": ParallelConfig(tp=2, pp=2, dp=2, num_microbatches=1,
+                                                             rank_order="tp-dp-pp")})
+    # one forward and one backward transfer of 8 GB; 1 + 2 + 2 + 1 s of compute
+    assert iteration(old) == pytest.approx(6 + 2 * 8e9 / 100e9)  # before: the link over tp x pp = 4 ranks
+    assert iteration(new) == pytest.approx(6 + 2 * 8e9 / 10e9)  # stages tp x dp = 8 ranks apart: another node
+    assert iteration(near) == pytest.approx(6 + 2 * 8e9 / 50e9)  # 4 ranks apart, same node: the p2p link
+
+
+def test_defaults_leave_stored_profiles_bytes_unchanged():
+    path = Path("profiles/gpt-13b-a100-80g-nvlink-tp4-pp4-mb1-m16.json")
+    text = path.read_text()
+    prof = Profile.model_validate_json(text)
+    stored, again = json.loads(text), json.loads(prof.model_dump_json())
+    assert again["parallel"] == stored["parallel"] and again["hardware"] == stored["hardware"]
+    assert "optimizer_step" not in text and "gemm_half_dim" not in text
+
+
+def test_megatron_export_names_the_overlaps():
+    from conftest import small_profile
+
+    prof = small_profile(tp=2, pp=2, sp=True)
+    par = prof.parallel.model_copy(update={"dp": 2, "distributed_optimizer": True, "overlap_param_gather": True,
+                                           "tp_comm_overlap": True, "overlap_grad_reduce": False})
+    prof = prof.model_copy(update={"parallel": par})
+    from lynx_planner import solvers
+
+    res = solvers.solve(prof, "full", 1 << 50)
+    plan = ev.make_plan(prof, "p.json", "", "full", 1 << 50, res.stages, res.solver)
+    flags = export.megatron(plan, prof).flags
+    assert "--overlap-param-gather" in flags and "--tp-comm-overlap" in flags
+    assert "--overlap-grad-reduce" not in flags and "--use-distributed-optimizer" in flags
+
+
+# ---------------------------------------------------------------------------------------------- memory reserve
+
+
+def test_default_memory_limit_is_the_device_less_the_reserve():
+    assert memory_reserve(A100) == GiB + int(0.04 * 80 * GiB)
+    assert default_memory_limit(A100) == 80 * GiB - memory_reserve(A100)
+    own = A100.model_copy(update={"memory_reserve_bytes": 3 * GiB})
+    assert default_memory_limit(own) == 77 * GiB
+    tiny = A100.model_copy(update={"memory_bytes": GiB})
+    assert default_memory_limit(tiny) == GiB // 2  # never more than half the device
+
+
+def test_tune_uses_the_default_limit():
+    from lynx_planner import tune
+
+    res = tune.tune("gpt-1.3b", 8, HARDWARE["a100-80g-nvlink"], 64, seq_len=1024, top=1)
+    best = res.rows[0]
+    assert best.peak_memory_bytes <= default_memory_limit(HARDWARE["a100-80g-nvlink"])
+
+
+# ---------------------------------------------------------------------------------------------- hardware kinds
+
+
+@pytest.mark.parametrize("name,tflops,mem_gib,hbm", [("h200-141g-nvlink", 989.5, 141, 4800),
+                                                     ("b200-180g-nvlink", 2250.0, 180, 8000),
+                                                     ("mi300x-192g", 1307.4, 192, 5300)])
+def test_current_gpus_with_their_datasheet_peaks(name, tflops, mem_gib, hbm):
+    hw = HARDWARE[name]
+    assert hw.peak_flops == tflops * 1e12 and hw.memory_bytes == mem_gib * GiB and hw.hbm_bytes_per_s == hbm * 1e9
+    assert "datasheet" in hw.notes
+
+
+# ---------------------------------------------------------------------------------------------- published rows
+
+
+def test_korthikanti_rows_within_tolerance():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import published_runs as pr
+
+    rows = pr.korthikanti_4() + pr.korthikanti_5()
+    off = [(r.label, round(r.ratio, 3)) for r in rows
+           if abs(r.ratio - 1) > (pr.RATIO_TOLERANCE if r.unit == "x" else pr.TOLERANCE)]
+    assert not off
+
+
+# ---------------------------------------------------------------------------------------------- traced model files
+
+
+def test_traced_gemms_carry_their_shapes_forward_and_backward():
+    import torch
+
+    from lynx_planner.profiler.timing import analytic_times
+    from lynx_planner.profiler.tracing import trace
+
+    m, k, n = 48, 32, 80
+    lin = torch.nn.Linear(k, n)
+    traced = trace(lin, (torch.randn(m, k, requires_grad=True),), {})
+    (op,) = [o for o in traced.ops if o.fwd.gemms]
+    assert op.fwd.gemms == [(m, k, n)]
+    assert sorted(op.bwd.gemms) == sorted([(m, n, k), (n, m, k)])  # dgrad [m, k] and wgrad [n, k] outputs
+    fwd, bwd = analytic_times(traced, A100)[op.id]
+    be = A100.gemm_backward_efficiency
+    assert bwd >= (costs.gemm_fwd_s(m, n, k, A100) + costs.gemm_fwd_s(n, m, k, A100)) / be
+    assert fwd >= costs.gemm_fwd_s(m, k, n, A100)
+    flat_fwd, flat_bwd = analytic_times(traced, FLAT)[op.id]
+    assert flat_fwd < fwd  # the flat model knows nothing of this GEMM's small shape
+
+
+def test_profile_options_set_the_overlaps(tmp_path):
+    from conftest import lynx
+
+    out = tmp_path / "p.json"
+    r = lynx("profile", "gpt-1.3b", "--tp", "2", "--dp", "2", "--sequence-parallel", "--distributed-optimizer",
+             "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-grad-reduce", "-o", out)
+    assert r.exit_code == 0, r.output
+    par = json.loads(out.read_text())["parallel"]
+    assert par["overlap_param_gather"] and par["tp_comm_overlap"] and par["overlap_grad_reduce"] is False
+    assert par["optimizer_step"] and par["rank_order"] == "tp-dp-pp"  # a catalog model: the whole iteration
+    bad = lynx("profile", "gpt-1.3b", "--dp", "2", "--overlap-param-gather", "-o", tmp_path / "q.json")
+    assert bad.exit_code == 2 and "distributed_optimizer" in bad.output and not (tmp_path / "q.json").exists()
+
+
+def test_batched_gemm_folds_its_batch_into_m():
+    import torch
+
+    from lynx_planner.profiler.tracing import trace
+
+    class Bmm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 16, 24))
+
+        def forward(self, x):
+            return torch.bmm(x, self.w)
+
+    traced = trace(Bmm(), (torch.randn(3, 8, 16, requires_grad=True),), {})
+    (op,) = [o for o in traced.ops if o.fwd.gemms]
+    assert op.fwd.gemms == [(3 * 8, 16, 24)]
+
+
+def test_both_end_stages_all_reduce_the_tied_embedding():
+    from conftest import small_profile
+
+    from lynx_planner.simulator import optimizer_step_s
+
+    prof = small_profile(tp=1, pp=2, m=2)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"optimizer_step": True})})
+    plans = ev.stage_plans(prof, [0, 5, 10], [ev.none_policy(prof, i) for i in range(10)])
+    res = ev.evaluate(prof, plans).sim
+    emb = prof.layers[0].params
+    assert prof.layers[0].block == "embedding" and emb > 0
+    for s, (first, end) in enumerate(((0, 5), (5, 10))):
+        own = sum(l.params for l in prof.layers[first:end])
+        assert res.stages[s].grad_reduce_exposed_s == pytest.approx(optimizer_step_s(prof, own, emb, 2))
+        assert optimizer_step_s(prof, own, emb, 2) > optimizer_step_s(prof, own, 0, 2)
