@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import time
 from enum import Enum
 from pathlib import Path
@@ -1000,13 +1001,15 @@ def _size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int,
 class Framework(str, Enum):
     megatron = "megatron"
     torchtitan = "torchtitan"
+    torchtitan_02 = "torchtitan-0.2"
 
 
 @command("export")
 def export_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` or `lynx tune`.")],
-    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: job config "
-                                          "settings and the apply_plan call.")],
+    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: torchtitan "
+                                          "0.3 command-line arguments and the LynxAC hook; torchtitan-0.2: a "
+                                          "torchtitan 0.2.2 TOML job file and the apply_plan call.")],
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="The plan's profile.")] = None,
 ) -> None:
@@ -1020,7 +1023,16 @@ def export_cmd(
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
                          f"pp {prof.parallel.pp}")
     if to is Framework.torchtitan:
-        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: job config (TOML)")
+        args, notes = export.torchtitan_args(plan, prof)
+        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: arguments of torchtitan's train "
+                   "(python -m torchtitan.train ...)")
+        typer.echo(" \\\n".join(shlex.join(line) for line in args))
+        for note in notes:
+            typer.echo(f"# {note}")
+        typer.echo(export.TORCHTITAN_HOOK.format(module=args[0][1], config=args[1][1], plan=plan_path.name))
+        return
+    if to is Framework.torchtitan_02:
+        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_02_VERSION}: job config (TOML)")
         typer.echo(export.toml(export.torchtitan(plan, prof)))
         typer.echo(export.TORCHTITAN_APPLY)
         return

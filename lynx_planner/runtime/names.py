@@ -13,58 +13,12 @@ recomputes (an op not kept is recomputed anyway).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from torch import nn
 
+from ..layouts import CONVENTIONS, Convention, plan_convention, role
 from ..opid import split_id
 from ..schema import LayerPolicy, Plan
 from .errors import PlanMismatchError
-
-
-@dataclass(frozen=True)
-class Convention:
-    name: str
-    embedding: str  # the token embedding (the first layer)
-    blocks: str  # blocks are f"{blocks}.{i}"
-    final: tuple[str, ...]  # the layers after the blocks, in order (final norm, output head)
-    other: tuple[str, ...] = ()  # further layers a profile may list (HF's rotary embedding module)
-
-
-CONVENTIONS: dict[str, Convention] = {c.name: c for c in (
-    Convention("lynx", "embedding", "layers", ("lm_head",)),
-    Convention("torchtitan", "tok_embeddings", "layers", ("norm", "lm_head")),
-    Convention("torchtitan-0.2", "tok_embeddings", "layers", ("norm", "output")),
-    Convention("megatron", "embedding", "decoder.layers", ("decoder.final_layernorm", "output_layer")),
-    Convention("hf", "model.embed_tokens", "model.layers", ("model.norm", "lm_head"), ("model.rotary_emb",)),
-    Convention("hf-gpt2", "transformer.wte", "transformer.h", ("transformer.ln_f", "lm_head"),
-               ("transformer.wpe", "transformer.drop")),
-    Convention("reference-gpt", "embed", "layers", ("norm", "head")),
-)}
-
-
-def _role(conv: Convention, path: str) -> tuple[str, int] | None:
-    """('embedding', 0), ('block', i), ('final', k), ('other', k), or None where the path is not of `conv`."""
-    m = re.fullmatch(re.escape(conv.blocks) + r"\.(\d+)", path)
-    if m:
-        return "block", int(m.group(1))
-    if path == conv.embedding:
-        return "embedding", 0
-    if path in conv.final:
-        return "final", conv.final.index(path)
-    if path in conv.other:
-        return "other", conv.other.index(path)
-    return None
-
-
-def plan_convention(plan: Plan) -> Convention | None:
-    """The convention whose paths name every layer of the plan (all stages), most specific first."""
-    paths = [p for st in plan.stages for p in st.layer_names]
-    fits = [c for c in CONVENTIONS.values() if paths and all(_role(c, p) is not None for p in paths)]
-    # Conventions sharing `layers.N` are told apart by the embedding or final layers the plan names.
-    fits.sort(key=lambda c: -sum(_role(c, p)[0] != "block" for p in paths))  # type: ignore[index]
-    return fits[0] if fits else None
 
 
 def module_convention(module: nn.Module) -> tuple[Convention, str] | None:
@@ -119,7 +73,7 @@ def layer_paths(module: nn.Module, plan: Plan, names: list[str], modes: list[str
         return list(names)
     out: list[str | None] = []
     for name, mode in zip(names, modes):
-        kind, k = _role(source, name)  # type: ignore[misc]
+        kind, k = role(source, name)  # type: ignore[misc]
         if kind == "block":
             path: str | None = f"{prefix}{target.blocks}.{k}"
         elif kind == "embedding":
