@@ -7,8 +7,9 @@ limit, with what Megatron cannot express and what that costs. torchtitan: the pa
 activation-checkpoint settings, and where to call `lynx_planner.apply_plan`: for torchtitan 0.3 the command-line
 overrides its ConfigManager parses (`--module … --config …` plus `--section.key value`), for 0.2.2 a TOML job file.
 
-Checked against Megatron-LM core_v0.19.0 (megatron/training/arguments.py, megatron/core/transformer/
-transformer_config.py; the recompute flags are TransformerConfig fields exposed as --recompute-*) and torchtitan
+Checked against Megatron-LM core_v0.20.0 (NVIDIA/Megatron-LM d98e8a6, 2026-08-22; Python >= 3.12): every flag is
+one its parser accepts (tests/data/megatron_flags.txt, read from megatron/training/arguments.py and the config
+dataclasses it exposes, e.g. TransformerConfig's --recompute-*, by scripts/megatron_flags.py) and torchtitan
 v0.2.2 (torchtitan/config/job_config.py: [parallelism], [training], [activation_checkpoint]) and torchtitan 0.3.0
 (torchtitan/config/manager.py ConfigManager; tests/test_export.py parses the export with it when it is installed).
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from . import evaluate as ev
 from .schema import Plan, Profile
 
-MEGATRON_VERSION = "Megatron-LM core_v0.19.0"
+MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
 TORCHTITAN_VERSION = "torchtitan 0.3.0"
 TORCHTITAN_02_VERSION = "torchtitan v0.2.2"
 # torchtitan's config_registry functions of lynx's catalog models (`--module llama3 --config NAME`)
