@@ -68,6 +68,10 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
 
 
 # the job ------------------------------------------------------------------------------------------------------------
+_STAGE_HINT = (". A stage calls its layers in order, each on the previous one's output; a model whose layers do not "
+               "chain so (e.g. position embeddings added beside the token embedding) needs a "
+               "stage_module(layer_names) in its file (docs/integrations.md)")
+
 def _stage_module(model, layer_names: list[str]):
     """The model's own `stage_module(layer_names)` if it has one, else the stage's layers called in order."""
     import torch
@@ -216,10 +220,22 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             results[i]["held_at_backward_bytes"] = held_at_backward[0]
             tracker[0] = None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    finally:
-        region_module.Region.recompute = original
-        dist.barrier()
-        dist.destroy_process_group()
+    except BaseException as e:  # reported by the parent in one line, not as a child traceback
+        Path(out_dir, f"rank{rank}.error").write_text(_failure(e, model_path))
+        os._exit(1)  # at once: the other stages wait in collectives, and the parent ends them
+    region_module.Region.recompute = original
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _failure(e: BaseException, model_path: str) -> str:
+    """One line: the exception and the innermost line of the model file it came from (else the innermost line)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = [f for f in frames if f.filename == model_path] or frames[-1:]
+    where = f" (at {Path(inside[-1].filename).name}:{inside[-1].lineno})" if inside else ""
+    return (f"{type(e).__name__}: {e}".splitlines() or [""])[0] + where
 
 
 def _profile_of(plan: Plan, plan_path: str) -> Profile:
@@ -261,8 +277,19 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
 
     world = pps.pop()
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths], str(Path(model_path).resolve()),
-                                repeats, warmup, threads, dtype, out_dir), nprocs=world, join=True)
+        import logging
+
+        # its 'Terminating process ... via signal SIGTERM' when one stage failed: the failure is reported below
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+        try:
+            mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths],
+                                    str(Path(model_path).resolve()), repeats, warmup, threads, dtype, out_dir),
+                     nprocs=world, join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            errors = [f"stage {r}: {Path(out_dir, f'rank{r}.error').read_text()}" for r in range(world)
+                      if Path(out_dir, f"rank{r}.error").exists()]
+            raise InputError(f"{model_path}: the pipeline job failed: {'; '.join(errors) or 'a stage process died'}"
+                             + _STAGE_HINT) from None
         per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
     runs = []
     for i, (path, plan, prof) in enumerate(zip(plan_paths, plans, profiles)):
