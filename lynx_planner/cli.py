@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+import typer.core
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -42,6 +43,17 @@ from .io import (
 )
 from .schema import Hardware, ParallelConfig, Plan, Profile
 
+# typer 0.29 shows flags (--sequence-parallel, --help) with a '<bool>' type they take no value of: none for flags.
+_display_type_rich = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = (  # type: ignore[method-assign]
+    lambda self, ctx: None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx))
+
+# One default for profile and tune (plan reads the profile's): Megatron-LM and torchtitan users shard optimizer state
+# over data-parallel ranks; it only matters with --dp > 1.
+DISTRIBUTED_OPTIMIZER = True
+DISTRIBUTED_OPTIMIZER_HELP = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
+                              "torchtitan's FSDP); matters with --dp > 1.")
+
 app = typer.Typer(
     name="lynx",
     help="Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide "
@@ -52,6 +64,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"lynx-planner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide recomputation
+    inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, `lynx compare p.json`,
+    `lynx plan p.json --algo heu -o plan.json`."""
+
 
 out = Console(highlight=False, soft_wrap=True)  # stdout (resolved at print time, so test runners can capture it)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -99,7 +127,33 @@ def _guarded(fn: Callable) -> Callable:
     return wrapper
 
 
+# Shown at the end of each command's --help (each line a runnable example).
+EXAMPLES = {
+    "profile": ["lynx profile gpt-13b --tp 4 --pp 4 -o profile.json",
+                "lynx profile examples/gpt_model.py --pp 2 -o small.json"],
+    "plan": ["lynx plan profile.json --algo heu -o plan.json",
+             "lynx plan profile.json --algo opt --memory-limit 40GiB --time-limit 30 -o opt.json"],
+    "compare": ["lynx compare profile.json", "lynx compare profile.json --memory-limit 40GiB --algos heu,full --json"],
+    "simulate": ["lynx simulate plan.json", "lynx simulate plan.json --plot timeline.png"],
+    "check": ["lynx check plan.json"],
+    "apply": ["lynx apply small-plan.json examples/gpt_model.py --dry-run",
+              "lynx apply small-plan.json examples/gpt_model.py --dry-run --json"],
+    "validate": ["lynx validate small-plan.json examples/gpt_model.py --repeats 3"],
+    "tune": ["lynx tune gpt-13b --gpus 16 --hardware a100-80g-nvlink --global-batch 64",
+             "lynx tune gpt-1.3b --gpus 8 --hardware a100-80g-nvlink --global-batch 32 --json"],
+    "export": ["lynx export plan.json --to megatron", "lynx export plan.json --to torchtitan"],
+    "bench": ["lynx bench --suite bench/ci --check --baseline bench/ci/baseline.json"],
+}
+
+
+def _epilog(name: str) -> str | None:
+    examples = EXAMPLES.get(name)
+    return None if not examples else "Examples:\n\n" + "\n\n".join(f"  $ {e}" for e in examples)
+
+
 def command(name: str, **kwargs: Any) -> Callable:
+    kwargs.setdefault("epilog", _epilog(name))
+
     def register(fn: Callable) -> Callable:
         app.command(name, **kwargs)(_guarded(fn))
         return fn
@@ -286,8 +340,8 @@ def profile_cmd(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
-        "--use-distributed-optimizer).")] = False,
+        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
+    ] = DISTRIBUTED_OPTIMIZER,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     _check_output(output, "-o", (model, hardware))
@@ -871,8 +925,8 @@ def tune_cmd(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
     distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer",
-        help="Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer).")] = True,
+        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
+    ] = DISTRIBUTED_OPTIMIZER,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON row per (layout, algorithm) planned instead of the table.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option(
