@@ -768,6 +768,8 @@ def apply_cmd(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show what apply_plan would do to each layer, without training.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the layers as a JSON list (stage, layer, module, "
+                                          "mode, keep, recompute, when).")] = False,
 ) -> None:
     """Show how a plan maps onto a model's modules (--dry-run). Training scripts call lynx_planner.apply_plan."""
     if not dry_run:
@@ -781,21 +783,38 @@ def apply_cmd(
     except ImportError as e:
         raise InputError(f"the runtime (lynx_planner.runtime) is not available in this installation ({e})") from None
     rows = _call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path))
-    table = Table(title=f"{plan_path} on {model_path}", title_justify="left")
-    for col in ("stage", "layer", "module", "mode", "keep", "recompute", "at"):
-        table.add_column(col)
-    for r in rows:
-        def cell(key: str) -> str:
-            v = r.get(key, r.get("when", "")) if key == "at" else r.get(key, "")
-            return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-
-        table.add_row(*(cell(k) for k in ("stage", "layer", "module", "mode", "keep", "recompute", "at")))
-    out.print(table)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    out.print(f"{plan_path} on {model_path}")
+    for line in dry_run_lines(rows, _width()):
+        out.print(line, markup=False)
     plan = _load_plan(plan_path)
     precision = (f"fp32 weights under {plan.autocast} autocast" if plan.autocast else
                  f"{plan.dtype} weights" if plan.dtype else "the weights as built")
     out.print(f"ok: a training forward and backward of {model_path} ran with every stage of the plan applied "
               f"({precision})")
+
+
+def _width() -> int:
+    import shutil
+
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def dry_run_lines(rows: list[dict], width: int) -> list[str]:
+    """One heading per layer, then its kept and recomputed op ids wrapped at spaces so that no id is cut."""
+    import textwrap
+
+    lines = []
+    for r in rows:
+        lines.append(f"stage {r['stage']}  layer {r['layer']}  {r['module']}  {r['mode']}  at {r['when']}")
+        for key in ("keep", "recompute"):
+            if r[key]:
+                lines += textwrap.wrap(", ".join(r[key]), width=width, initial_indent=f"  {key}: ",
+                                       subsequent_indent=" " * (len(key) + 4), break_long_words=False,
+                                       break_on_hyphens=False)
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------------
