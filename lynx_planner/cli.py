@@ -254,6 +254,22 @@ def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
+def _unit(values: list[float | None]) -> tuple[str, int]:
+    """One unit for a table's byte column: GiB, or MiB/KiB where GiB would print 0.0x (tiny models)."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    return next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if top >= 0.1 * s), ("KiB", 2**10))
+
+
+def _in(n: float | None, size: int) -> str:
+    return "-" if n is None else f"{n / size:.2f}"
+
+
+def _percent(fraction: float) -> str:
+    """'+1.2%', '-0.3%', '+0.0%' (never '+-0.0%')."""
+    value = round(fraction * 100, 1)
+    return f"{value + 0.0:+.1f}%"  # + 0.0 turns -0.0 into 0.0
+
+
 # --------------------------------------------------------------------------------------------------------------
 # lynx profile
 
@@ -480,17 +496,21 @@ def _least_memory_hint(profile: Profile, algo: str) -> str:
 def _plan_summary(plan: Plan, path: Path) -> None:
     pred = plan.predicted
     t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
-    table = Table(title=f"{plan.algo}: {path}", title_justify="left")
-    for col in ("stage", "layers", "peak GiB", "limit GiB", "static GiB", "activations GiB", "recompute exposed",
-                "hidden"):
-        table.add_column(col, justify="right")
+    from rich import box
+
+    table = Table(title=f"{plan.algo}: {path}, memory limit {format_bytes(plan.memory_limit_bytes)}",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    unit, size = _unit([pr.peak_memory_bytes for pr in pred.stages])
+    for col in ("stage", "layers", f"peak\n{unit}", f"static\n{unit}", f"activations\n{unit}", "recompute\nexposed",
+                "recompute\nhidden"):
+        table.add_column(col, justify="right", no_wrap=True)
     for st, pr in zip(plan.stages, pred.stages):
-        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _gib(pr.peak_memory_bytes),
-                      _gib(plan.memory_limit_bytes), _gib(pr.static_bytes), _gib(pr.activation_bytes),
+        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _in(pr.peak_memory_bytes, size),
+                      _in(pr.static_bytes, size), _in(pr.activation_bytes, size),
                       _ms(pr.exposed_recompute_s), _ms(pr.hidden_recompute_s))
     out.print(table)
     out.print(f"iteration time {t:.4f} s; ideal (no recomputation, unlimited memory) {ideal:.4f} s: "
-              f"{ideal / t:.3f}x of ideal speed (+{(t / ideal - 1) * 100:.1f}%)")
+              f"{ideal / t:.3f}x of ideal speed ({_percent(t / ideal - 1)})")
     out.print(f"solver {plan.solver.name}: {plan.solver.status}, search time {_ms(plan.solver.search_time_s)}"
               + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))
 
@@ -606,19 +626,20 @@ def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[
 
     table = Table(title=f"{profile_path}: memory limit {format_bytes(limit)}, pp {profile.parallel.pp}",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"), ("peak GiB", "right"),
+    unit, size = _unit([r.get("peak_memory_bytes") for r in rows])
+    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"), (f"peak {unit}", "right"),
                       ("fits", "left"), ("search", "right")):
         table.add_column(col, justify=just, no_wrap=True)
     if verbose:
-        table.add_column("peak GiB per stage", justify="left", overflow="fold", ratio=1)
+        table.add_column(f"peak {unit} per stage", justify="left", overflow="fold", ratio=1)
     for r in rows:
         if not r["available"]:
             table.add_row(r["algo"], "-", "-", "-", "n/a", "-", *([""] if verbose else []))
             continue
         if r["peak_per_stage"]:
-            peak, stages = _gib(r["peak_memory_bytes"]), " ".join(_gib(p) for p in r["peak_per_stage"])
+            peak, stages = _in(r["peak_memory_bytes"], size), " ".join(_in(p, size) for p in r["peak_per_stage"])
         else:
-            peak, stages = (f"needs {_gib(r['peak_memory_bytes'])}" if r["peak_memory_bytes"] else "-"), ""
+            peak, stages = (f"needs {_in(r['peak_memory_bytes'], size)}" if r["peak_memory_bytes"] else "-"), ""
         table.add_row(r["algo"], f"{r['iteration_time_s']:.4f}" if r["iteration_time_s"] else "-",
                       f"{r['speedup_vs_full']:.3f}x" if r["speedup_vs_full"] else "-", peak,
                       "yes" if r["fits"] else "[red]no[/red]",
@@ -700,16 +721,21 @@ def simulate_cmd(
     if as_json:
         typer.echo(dumps_json(pred.model_dump(mode="json"), "--json", indent=1), nl=False)
         return
-    table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left")
-    for col in ("stage", "peak GiB", "static GiB", "activations GiB", "busy s", "exposed recompute",
-                "hidden recompute"):
-        table.add_column(col, justify="right")
+    from rich import box
+
+    table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    unit, size = _unit([s.peak_memory_bytes for s in pred.stages])
+    for col in ("stage", f"peak\n{unit}", f"static\n{unit}", f"activations\n{unit}", "busy s", "recompute\nexposed",
+                "recompute\nhidden"):
+        table.add_column(col, justify="right", no_wrap=True)
     for s in pred.stages:
-        table.add_row(str(s.stage), _gib(s.peak_memory_bytes), _gib(s.static_bytes), _gib(s.activation_bytes),
-                      f"{s.busy_time_s:.4f}", _ms(s.exposed_recompute_s), _ms(s.hidden_recompute_s))
+        table.add_row(str(s.stage), _in(s.peak_memory_bytes, size), _in(s.static_bytes, size),
+                      _in(s.activation_bytes, size), f"{s.busy_time_s:.4f}", _ms(s.exposed_recompute_s),
+                      _ms(s.hidden_recompute_s))
     out.print(table)
     t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
-    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s (+{(t / ideal - 1) * 100:.1f}%); memory limit "
+    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s ({_percent(t / ideal - 1)}); memory limit "
               f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
     if trace is not None:
         out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")
@@ -808,7 +834,8 @@ def dry_run_lines(rows: list[dict], width: int) -> list[str]:
 
     lines = []
     for r in rows:
-        lines.append(f"stage {r['stage']}  layer {r['layer']}  {r['module']}  {r['mode']}  at {r['when']}")
+        when = r.get("when", r.get("at", ""))
+        lines.append(f"stage {r['stage']}  layer {r['layer']}  {r['module']}  {r['mode']}  at {when}")
         for key in ("keep", "recompute"):
             if r[key]:
                 lines += textwrap.wrap(", ".join(r[key]), width=width, initial_indent=f"  {key}: ",
@@ -879,7 +906,8 @@ def bench_cmd(
     """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
     from . import bench
 
-    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)  # CI logs: no squashing
+    # CI logs: no squashing (a width the user sets with COLUMNS is kept)
+    wide = out if out.is_terminal or os.environ.get("COLUMNS") else Console(highlight=False, soft_wrap=True, width=200)
     code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
                       time_limit=_seconds(time_limit), console=wide)
     raise typer.Exit(code)
@@ -1176,10 +1204,12 @@ def hardware_cmd(
         raise InputError("lynx hardware: -o applies to `lynx hardware calibrate`")
     from .models.hardware import HARDWARE
 
+    from rich import box
+
     table = Table(title="hardware (efficiencies and bus bandwidths are assumptions to calibrate)",
-                  title_justify="left")
-    for col in ("name", "memory", "peak TFLOP/s", "HBM GB/s", "intra-node busbw GB/s", "inter-node busbw GB/s"):
-        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("name", "memory", "peak\nTFLOP/s", "HBM\nGB/s", "intra-node\nbusbw GB/s", "inter-node\nbusbw GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for h in HARDWARE.values():
         table.add_row(h.name, format_bytes(h.memory_bytes), f"{h.peak_flops / 1e12:.1f}",
                       f"{h.hbm_bytes_per_s / 1e9:.0f}", f"{h.intra_node_bus_bytes_per_s / 1e9:.0f}",

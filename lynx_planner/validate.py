@@ -342,19 +342,17 @@ def table(summaries: list[dict]) -> str:
         lines.append(f"plan {s['plan']} ({s['algo']})")
         if s["profile_method"] != "measure":
             lines.append(f"  note: its profile is {s['profile_method']} (times for {s['hardware']}), not measured here")
-        lines.append(f"  {'stage':<6}{'forward s':>22}{'backward s':>22}{'recompute in bwd s':>24}"
-                     f"{'early recompute s':>24}{'kept MiB':>20}{'peak MiB':>20}")
-        lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas':>22}{'pred exposed / meas':>24}"
-                     f"{'pred hidden / meas':>24}{'pred / meas':>20}{'pred / meas':>20}")
+        rows = (("forward s", "forward_s", 1, 4), ("backward s", "backward_s", 1, 4),
+                ("recompute in backward s (exposed)", "recompute_in_backward_s", 1, 4),
+                ("recompute early s (hidden)", "recompute_early_s", 1, 4),
+                ("kept MiB when a backward starts", "held_at_backward_bytes", mib, 1),
+                ("peak MiB", "activation_bytes", mib, 1))
+        # one line per figure (not a column per figure): it stays within 80 columns
         for st in s["stages"]:
             p, m = st["predicted"], st["measured"]
-            lines.append(
-                f"  {st['stage']:<6}{p['forward_s']:>10.4f} / {m['forward_s']:<9.4f}"
-                f"{p['backward_s']:>10.4f} / {m['backward_s']:<9.4f}"
-                f"{p['recompute_in_backward_s']:>12.4f} / {m['recompute_in_backward_s']:<9.4f}"
-                f"{p['recompute_early_s']:>12.4f} / {m['recompute_early_s']:<9.4f}"
-                f"{p['held_at_backward_bytes'] / mib:>10.1f} / {m['held_at_backward_bytes'] / mib:<7.1f}"
-                f"{p['activation_bytes'] / mib:>10.1f} / {m['activation_bytes'] / mib:<7.1f}")
+            lines.append(f"  stage {st['stage']:<37}{'predicted':>10}  {'measured':>10}")
+            for label, key, scale, digits in rows:
+                lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
@@ -372,4 +370,13 @@ def table(summaries: list[dict]) -> str:
                      f"measured {full['measured_s'] / none['measured_s']:.3f}")
     load = os.getloadavg()
     lines.append(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    return "\n".join(lines)
+    import shutil
+    import textwrap
+
+    width = max(60, shutil.get_terminal_size((100, 24)).columns)
+    wrapped = []
+    for line in lines:  # at spaces, so that no figure is cut by the terminal
+        indent = " " * (len(line) - len(line.lstrip()))
+        wrapped += textwrap.wrap(line, width=width, subsequent_indent=indent + "  ", break_long_words=False,
+                                 break_on_hyphens=False) or [line]
+    return "\n".join(wrapped)

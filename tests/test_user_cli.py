@@ -38,3 +38,75 @@ def test_profile_and_tune_share_the_distributed_optimizer_default(tmp_path):
     defaults = {name: next(p.default for p in cmds[name].params if p.name == "distributed_optimizer")
                 for name in ("profile", "tune")}
     assert defaults == {"profile": True, "tune": True}
+
+
+ZERO_GIB = __import__("re").compile(r"(?<![\d.])0\.00 GiB")
+
+
+def run80(*args, cwd=None):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ | {"COLUMNS": "80", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", "lynx_planner.cli", *map(str, args)], env=env, cwd=cwd,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def assert_fits_80(text: str) -> None:
+    """No cell cut ('…'); table rows and op-id lines (indented) within 80 columns (prose lines wrap at spaces)."""
+    assert "…" not in text, text
+    rows = [line for line in text.splitlines() if line.startswith(" ")]
+    assert rows and max(len(line) for line in rows) <= 80, text
+
+
+def test_tables_keep_op_ids_and_figures_whole_at_80_columns(tmp_path):
+    """plan, simulate, compare, hardware and apply --dry-run at COLUMNS=80: no cut ('…'), no line over 80; tiny
+    models in MiB, not 0.00 GiB; the percentage never '+-'."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[1] / "examples" / "gpt_model.py"
+    lynx("profile", model, "--pp", 2, "--seq-len", 32, "-o", tmp_path / "p.json")
+    text = run80("plan", tmp_path / "p.json", "--algo", "selective", "-o", tmp_path / "plan.json")
+    assert_fits_80(text)
+    assert "MiB" in text and not ZERO_GIB.search(text) and "+-" not in text
+    for args in (("simulate", tmp_path / "plan.json"), ("compare", tmp_path / "p.json"), ("hardware",)):
+        text = run80(*args)
+        assert_fits_80(text)
+        assert not ZERO_GIB.search(text) and "+-" not in text
+    text = run80("apply", tmp_path / "plan.json", model, "--dry-run")
+    assert_fits_80(text)
+    profile = json.loads((tmp_path / "p.json").read_text())
+    ids = {op["id"] for block in profile["blocks"].values() for op in block["ops"]}
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    named = {op for st in plan["stages"] for p in st["policies"] for op in p["keep"] + p["recompute"]}
+    assert named and named <= ids
+    words = set(text.replace(",", " ").split())
+    assert named <= words, named - words  # every op id of the plan printed whole
+    rows = json.loads(run80("apply", tmp_path / "plan.json", model, "--dry-run", "--json"))
+    assert {op for r in rows for op in r["keep"] + r["recompute"]} == named
+
+
+def test_validate_report_fits_80_columns(monkeypatch):
+    import shutil
+
+    from lynx_planner.validate import table
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback=None: __import__("os").terminal_size((80, 24)))
+    figures = {"forward_s": 0.1234, "backward_s": 0.2, "recompute_in_backward_s": 0.0, "recompute_early_s": 0.01,
+               "held_at_backward_bytes": 2**21, "activation_bytes": 2**22}
+    summary = {"plan": "heu", "algo": "heu", "profile_method": "analytic", "hardware": "a100-80g-nvlink",
+               "stages": [{"stage": 0, "predicted": figures, "measured": figures}], "cpu_share": 0.5,
+               "iteration": {"predicted_s": 1.0, "measured_s": 2.0, "spread_s": [1.0, 3.0],
+                             "predicted_over_measured": 0.5}}
+    text = table([summary])
+    assert_fits_80(text)
+    assert "0.1234" in text and "[1.0000-3.0000]" in text
+
+
+def test_percent_never_prints_plus_minus():
+    from lynx_planner.cli import _percent
+    assert _percent(-1e-9) == "+0.0%" and _percent(0.0123) == "+1.2%" and _percent(-0.031) == "-3.1%"
