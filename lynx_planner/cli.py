@@ -602,7 +602,8 @@ def compare_cmd(
         from .plot import time_memory
 
         par = profile.parallel
-        time_memory([{**r, "label": r["algo"]} for r in rows if r["fits"]], limit,
+        time_memory([{**r, "label": r["algo"], "iteration_time_s": r["iteration_time_s"] if r["fits"] else None}
+                     for r in rows if r.get("available", True)], limit,
                     f"{profile.model.name} on {profile.hardware.name}, tp {par.tp} pp {par.pp}, "
                     f"{par.num_microbatches} micro-batches: limit {format_bytes(limit)}", plot)
         if not as_json:

@@ -110,3 +110,29 @@ def test_validate_report_fits_80_columns(monkeypatch):
 def test_percent_never_prints_plus_minus():
     from lynx_planner.cli import _percent
     assert _percent(-1e-9) == "+0.0%" and _percent(0.0123) == "+1.2%" and _percent(-0.031) == "-3.1%"
+
+
+def test_label_groups_join_labels_that_would_overprint():
+    from lynx_planner.plot import label_groups
+    groups = label_groups([(15.42, 3.03, "full"), (15.42, 3.03, "uniform"), (15.9, 2.18, "heu"), (15.0, 2.5, None)],
+                          1.0, 1.0)
+    assert groups == [((15.42, 3.03), ["full", "uniform"]), ((15.9, 2.18), ["heu"])]
+
+
+def test_compare_plot_says_which_algorithms_it_leaves_out(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    texts = []
+    original = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: (texts.append(s),
+                                                                                     original(self, x, y, s, *a, **k))[1])
+    from conftest import small_profile
+
+    from lynx_planner.io import dumps
+    prof = small_profile()
+    (tmp_path / "p.json").write_text(dumps(prof))
+    from conftest import between
+    r = lynx("compare", tmp_path / "p.json", "--memory-limit", between(prof, 0.3), "--plot", tmp_path / "c.png")
+    assert r.exit_code == 0, r.output
+    assert any(t.startswith("not shown (no plan within the limit): none needs") for t in texts), texts
