@@ -136,3 +136,26 @@ def test_compare_plot_says_which_algorithms_it_leaves_out(tmp_path, monkeypatch)
     r = lynx("compare", tmp_path / "p.json", "--memory-limit", between(prof, 0.3), "--plot", tmp_path / "c.png")
     assert r.exit_code == 0, r.output
     assert any(t.startswith("not shown (no plan within the limit): none needs") for t in texts), texts
+
+
+def test_plot_follows_a_symlink_and_gets_the_umask_mode(tmp_path):
+    pytest.importorskip("matplotlib")
+    import os
+    import stat
+
+    from conftest import small_profile
+
+    from lynx_planner.io import dumps
+    (tmp_path / "p.json").write_text(dumps(small_profile()))
+    target = tmp_path / "real.png"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o644)
+    (tmp_path / "link.png").symlink_to(target)
+    r = lynx("compare", tmp_path / "p.json", "--plot", tmp_path / "link.png")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "link.png").is_symlink() and target.read_bytes()[:4] == b"\x89PNG"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    r = lynx("compare", tmp_path / "p.json", "--plot", tmp_path / "new.png")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.png").stat().st_mode) == 0o666 & ~umask
