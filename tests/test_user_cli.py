@@ -40,7 +40,7 @@ def test_profile_and_tune_share_the_distributed_optimizer_default(tmp_path):
     assert defaults == {"profile": True, "tune": True}
 
 
-ZERO_GIB = __import__("re").compile(r"(?<![\d.])0\.00 GiB")
+ZERO_GIB = __import__("re").compile(r"(?<![\d.])0\.0\d GiB")  # a tiny model's size printed in GiB
 
 
 def run80(*args, cwd=None):
@@ -114,9 +114,9 @@ def test_percent_never_prints_plus_minus():
 
 def test_label_groups_join_labels_that_would_overprint():
     from lynx_planner.plot import label_groups
-    groups = label_groups([(15.42, 3.03, "full"), (15.42, 3.03, "uniform"), (15.9, 2.18, "heu"), (15.0, 2.5, None)],
-                          1.0, 1.0)
-    assert groups == [((15.42, 3.03), ["full", "uniform"]), ((15.9, 2.18), ["heu"])]
+    groups = label_groups([(15.42, 3.03, "full"), (15.42, 3.03, "uniform"), (15.43, 3.02, "block"),
+                           (15.9, 2.18, "heu"), (15.0, 2.5, None)], 1.0, 1.0)
+    assert groups == [((15.42, 3.03), ["full", "uniform", "block"]), ((15.9, 2.18), ["heu"])]
 
 
 def test_compare_plot_says_which_algorithms_it_leaves_out(tmp_path, monkeypatch):
@@ -159,3 +159,9 @@ def test_plot_follows_a_symlink_and_gets_the_umask_mode(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((tmp_path / "new.png").stat().st_mode) == 0o666 & ~umask
+
+
+def test_format_bytes_switches_to_mib_and_kib():
+    from lynx_planner.io import format_bytes
+    assert format_bytes(80 * 2**30) == "80.00 GiB" and format_bytes(0.1 * 2**30) == "0.10 GiB"
+    assert format_bytes(11 * 2**20) == "11.00 MiB" and format_bytes(3 * 2**10) == "3.00 KiB"
