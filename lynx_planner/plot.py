@@ -36,7 +36,7 @@ def _save(fig, path: Path) -> None:
                     else None)
     except ValueError as e:
         raise InputError(f"{path}: --plot: {e}") from None
-    write_atomic(path, buf.getvalue())  # as every output: umask's mode, a symlink's target replaced, not the link
+    write_atomic(path, buf.getvalue())  # as every output: the umask's mode, a symlink's target replaced
 
 
 def _category(event: dict) -> str | None:

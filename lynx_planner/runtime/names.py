@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..layouts import CONVENTIONS, Convention, plan_convention, role
-from ..opid import split_id
+from ..opid import split_id, split_use
 from ..schema import LayerPolicy, Plan
 from .errors import PlanMismatchError
 
@@ -50,7 +50,7 @@ def layer_paths(module: nn.Module, plan: Plan, names: list[str], modes: list[str
     """The module path of each of the stage's layers (`names`, their policies' `modes`); None: a layer the plan does
     not recompute and the module has no counterpart of (it is left alone)."""
     found = dict(module.named_modules())
-    if convention is None and all(n in found for n in names):
+    if convention is None and all(split_use(n)[0] in found for n in names):  # 'layers.0#1': a module's second use
         return list(names)
     source = plan_convention(plan)
     if convention is not None:
