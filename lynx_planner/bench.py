@@ -19,6 +19,8 @@ as missing.
 
 from __future__ import annotations
 
+import textwrap
+
 import statistics
 import time
 import traceback
@@ -381,22 +383,34 @@ def markdown(result: dict) -> str:
 
 
 def print_report(result: dict, console: Console) -> None:
-    t = Table(title="iteration time per algorithm (s)", title_justify="left")
-    for col in ["case", "limit", "ideal (even split)"] + result["algos"]:
-        t.add_column(col, justify="left" if col in ("case", "limit") else "right")
-    for r in time_rows(result):
-        t.add_row(*r)
-    console.print(t)
-    t = Table(title="Lynx against the baselines (speedup = baseline time / Lynx time)", title_justify="left")
+    """Two tables where the terminal is wide enough for them, else one record per case (names and figures whole)."""
+    time_cols = ["case", "limit", "ideal (even split)"] + result["algos"]
     cols = ["case", "limit", "HEU s", "OPT s", "best baseline", "HEU/best", "HEU/full", "OPT/best", "OPT/full",
             "gap %", "HEU ms", "OPT s"]
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("case", "limit", "best baseline") else "right")
+    summary = []
     for row, cells in zip(result["cases"], summary_rows(result)):
         d = row["derived"]
-        t.add_row(*cells[:5], _fmt_x(d["heu_speedup_best"]), _fmt_x(d["heu_speedup_full"]),
-                  _fmt_x(d["opt_speedup_best"]), _fmt_x(d["opt_speedup_full"]), *cells[-3:])
-    console.print(t)
+        summary.append([*cells[:5], _fmt_x(d["heu_speedup_best"]), _fmt_x(d["heu_speedup_full"]),
+                        _fmt_x(d["opt_speedup_best"]), _fmt_x(d["opt_speedup_full"]), *cells[-3:]])
+    for title, header, rows in (("iteration time per algorithm (s)", time_cols, time_rows(result)),
+                                ("Lynx against the baselines (speedup = baseline time / Lynx time)", cols, summary)):
+        widths = [max(len(str(c)) for c in [h, *(r[i] for r in rows)]) for i, h in enumerate(header)]
+        if sum(widths) + 3 * len(widths) + 1 <= console.width:
+            t = Table(title=title, title_justify="left")
+            for col in header:
+                t.add_column(col, justify="left" if col in ("case", "limit", "best baseline") else "right",
+                             no_wrap=True)
+            for r in rows:
+                t.add_row(*r)
+            console.print(t)
+            continue
+        console.print(title)
+        for r in rows:
+            console.print(f"  {r[0]} at {r[1]}", markup=False)
+            pairs = [f"{h} {v}" for h, v in zip(header[2:], r[2:])]
+            for line in textwrap.wrap(";  ".join(pairs), width=console.width - 4, break_long_words=False,
+                                      break_on_hyphens=False):
+                console.print(f"    {line}", markup=False)
     for line in summary_lines(result):
         console.print(line)
 

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from enum import Enum
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+import typer.core
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +48,17 @@ from .io import (
 from .models.hardware import default_memory_limit
 from .schema import Hardware, ParallelConfig, Plan, Profile
 
+# typer 0.29 shows flags (--sequence-parallel, --help) with a '<bool>' type they take no value of: none for flags.
+_display_type_rich = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = (  # type: ignore[method-assign]
+    lambda self, ctx: None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx))
+
+# One default for profile and tune (plan reads the profile's): Megatron-LM and torchtitan users shard optimizer state
+# over data-parallel ranks; it only matters with --dp > 1.
+DISTRIBUTED_OPTIMIZER = True
+DISTRIBUTED_OPTIMIZER_HELP = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
+                              "torchtitan's FSDP); matters with --dp > 1.")
+
 app = typer.Typer(
     name="lynx",
     help="Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide "
@@ -56,6 +69,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"lynx-planner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide recomputation
+    inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, `lynx compare p.json`,
+    `lynx plan p.json --algo heu -o plan.json`."""
+
 
 out = Console(highlight=False, soft_wrap=True)  # stdout (resolved at print time, so test runners can capture it)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -113,6 +142,30 @@ def _guarded(fn: Callable) -> Callable:
     return wrapper
 
 
+# Shown at the end of each command's --help (each line a runnable example).
+EXAMPLES = {
+    "profile": ["lynx profile gpt-13b --tp 4 --pp 4 -o profile.json",
+                "lynx profile examples/gpt_model.py --pp 2 -o small.json"],
+    "plan": ["lynx plan profile.json --algo heu -o plan.json",
+             "lynx plan profile.json --algo opt --memory-limit 40GiB --time-limit 30 -o opt.json"],
+    "compare": ["lynx compare profile.json", "lynx compare profile.json --memory-limit 40GiB --algos heu,full --json"],
+    "simulate": ["lynx simulate plan.json", "lynx simulate plan.json --plot timeline.png"],
+    "check": ["lynx check plan.json"],
+    "apply": ["lynx apply small-plan.json examples/gpt_model.py --dry-run",
+              "lynx apply small-plan.json examples/gpt_model.py --dry-run --json"],
+    "validate": ["lynx validate small-plan.json examples/gpt_model.py --repeats 3"],
+    "tune": ["lynx tune gpt-13b --gpus 16 --hardware a100-80g-nvlink --global-batch 64",
+             "lynx tune gpt-1.3b --gpus 8 --hardware a100-80g-nvlink --global-batch 32 --json"],
+    "export": ["lynx export plan.json --to megatron", "lynx export plan.json --to torchtitan"],
+    "bench": ["lynx bench --suite bench/ci --check --baseline bench/ci/baseline.json"],
+}
+
+
+def _epilog(name: str) -> str | None:
+    examples = EXAMPLES.get(name)
+    return None if not examples else "Examples:\n\n" + "\n\n".join(f"  $ {e}" for e in examples)
+
+
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF}
 
 
@@ -134,6 +187,8 @@ def _silence_stdout() -> None:
 
 
 def command(name: str, **kwargs: Any) -> Callable:
+    kwargs.setdefault("epilog", _epilog(name))
+
     def register(fn: Callable) -> Callable:
         app.command(name, **kwargs)(_guarded(fn))
         return fn
@@ -270,6 +325,22 @@ def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
+def _unit(values: list[float | None]) -> tuple[str, int]:
+    """One unit for a table's byte column: GiB, or MiB/KiB where GiB would print 0.0x (tiny models)."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    return next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if top >= 0.1 * s), ("KiB", 2**10))
+
+
+def _in(n: float | None, size: int) -> str:
+    return "-" if n is None else f"{n / size:.2f}"
+
+
+def _percent(fraction: float) -> str:
+    """'+1.2%', '-0.3%', '+0.0%' (never '+-0.0%')."""
+    value = round(fraction * 100, 1)
+    return f"{value + 0.0:+.1f}%"  # + 0.0 turns -0.0 into 0.0
+
+
 # --------------------------------------------------------------------------------------------------------------
 # lynx profile
 
@@ -356,8 +427,8 @@ def profile_cmd(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
     schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
     distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
-        "--use-distributed-optimizer).")] = False,
+        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
+    ] = DISTRIBUTED_OPTIMIZER,
     overlap_grad_reduce: Annotated[bool, typer.Option(
         "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Reduce DP gradients during the last backward "
         "(Megatron --overlap-grad-reduce).")] = True,
@@ -507,17 +578,21 @@ def _least_memory_hint(profile: Profile, algo: str) -> str:
 def _plan_summary(plan: Plan, path: Path) -> None:
     pred = plan.predicted
     t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
-    table = Table(title=f"{plan.algo}: {path}", title_justify="left")
-    for col in ("stage", "layers", "peak GiB", "limit GiB", "static GiB", "activations GiB", "recompute exposed",
-                "hidden"):
-        table.add_column(col, justify="right")
+    from rich import box
+
+    table = Table(title=f"{plan.algo}: {path}, memory limit {format_bytes(plan.memory_limit_bytes)}",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    unit, size = _unit([pr.peak_memory_bytes for pr in pred.stages])
+    for col in ("stage", "layers", f"peak\n{unit}", f"static\n{unit}", f"activations\n{unit}", "recompute\nexposed",
+                "recompute\nhidden"):
+        table.add_column(col, justify="right", no_wrap=True)
     for st, pr in zip(plan.stages, pred.stages):
-        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _gib(pr.peak_memory_bytes),
-                      _gib(plan.memory_limit_bytes), _gib(pr.static_bytes), _gib(pr.activation_bytes),
+        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _in(pr.peak_memory_bytes, size),
+                      _in(pr.static_bytes, size), _in(pr.activation_bytes, size),
                       _ms(pr.exposed_recompute_s), _ms(pr.hidden_recompute_s))
     out.print(table)
     out.print(f"iteration time {t:.4f} s; ideal (no recomputation, unlimited memory) {ideal:.4f} s: "
-              f"{ideal / t:.3f}x of ideal speed (+{(t / ideal - 1) * 100:.1f}%)")
+              f"{ideal / t:.3f}x of ideal speed ({_percent(t / ideal - 1)})")
     out.print(f"solver {plan.solver.name}: {plan.solver.status}, search time {_ms(plan.solver.search_time_s)}"
               + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))
 
@@ -609,7 +684,8 @@ def compare_cmd(
         from .plot import time_memory
 
         par = profile.parallel
-        time_memory([{**r, "label": r["algo"]} for r in rows if r["fits"]], limit,
+        time_memory([{**r, "label": r["algo"], "iteration_time_s": r["iteration_time_s"] if r["fits"] else None}
+                     for r in rows if r.get("available", True)], limit,
                     f"{profile.model.name} on {profile.hardware.name}, tp {par.tp} pp {par.pp}, "
                     f"{par.num_microbatches} micro-batches: limit {format_bytes(limit)}", plot)
         if not as_json:
@@ -633,19 +709,20 @@ def _compare_table(profile_path: Path, profile: Profile, limit: int, rows: list[
 
     table = Table(title=f"{profile_path}: memory limit {format_bytes(limit)}, pp {profile.parallel.pp}",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"), ("peak GiB", "right"),
+    unit, size = _unit([r.get("peak_memory_bytes") for r in rows])
+    for col, just in (("algo", "left"), ("iteration s", "right"), ("vs full", "right"), (f"peak {unit}", "right"),
                       ("fits", "left"), ("search", "right")):
         table.add_column(col, justify=just, no_wrap=True)
     if verbose:
-        table.add_column("peak GiB per stage", justify="left", overflow="fold", ratio=1)
+        table.add_column(f"peak {unit} per stage", justify="left", overflow="fold", ratio=1)
     for r in rows:
         if not r["available"]:
             table.add_row(r["algo"], "-", "-", "-", "n/a", "-", *([""] if verbose else []))
             continue
         if r["peak_per_stage"]:
-            peak, stages = _gib(r["peak_memory_bytes"]), " ".join(_gib(p) for p in r["peak_per_stage"])
+            peak, stages = _in(r["peak_memory_bytes"], size), " ".join(_in(p, size) for p in r["peak_per_stage"])
         else:
-            peak, stages = (f"needs {_gib(r['peak_memory_bytes'])}" if r["peak_memory_bytes"] else "-"), ""
+            peak, stages = (f"needs {_in(r['peak_memory_bytes'], size)}" if r["peak_memory_bytes"] else "-"), ""
         table.add_row(r["algo"], f"{r['iteration_time_s']:.4f}" if r["iteration_time_s"] else "-",
                       f"{r['speedup_vs_full']:.3f}x" if r["speedup_vs_full"] else "-", peak,
                       "yes" if r["fits"] else "[red]no[/red]",
@@ -732,16 +809,21 @@ def simulate_cmd(
     if as_json:
         typer.echo(dumps_json(pred.model_dump(mode="json"), "--json", indent=1), nl=False)
         return
-    table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left")
-    for col in ("stage", "peak GiB", "static GiB", "activations GiB", "busy s", "exposed recompute",
-                "hidden recompute"):
-        table.add_column(col, justify="right")
+    from rich import box
+
+    table = Table(title=f"{plan_path} ({plan.algo}) on {prof_path}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    unit, size = _unit([s.peak_memory_bytes for s in pred.stages])
+    for col in ("stage", f"peak\n{unit}", f"static\n{unit}", f"activations\n{unit}", "busy s", "recompute\nexposed",
+                "recompute\nhidden"):
+        table.add_column(col, justify="right", no_wrap=True)
     for s in pred.stages:
-        table.add_row(str(s.stage), _gib(s.peak_memory_bytes), _gib(s.static_bytes), _gib(s.activation_bytes),
-                      f"{s.busy_time_s:.4f}", _ms(s.exposed_recompute_s), _ms(s.hidden_recompute_s))
+        table.add_row(str(s.stage), _in(s.peak_memory_bytes, size), _in(s.static_bytes, size),
+                      _in(s.activation_bytes, size), f"{s.busy_time_s:.4f}", _ms(s.exposed_recompute_s),
+                      _ms(s.hidden_recompute_s))
     out.print(table)
     t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
-    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s (+{(t / ideal - 1) * 100:.1f}%); memory limit "
+    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s ({_percent(t / ideal - 1)}); memory limit "
               f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
     if trace is not None:
         out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")
@@ -800,6 +882,8 @@ def apply_cmd(
     model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show what apply_plan would do to each layer, without training.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the layers as a JSON list (stage, layer, module, "
+                                          "mode, keep, recompute, when).")] = False,
 ) -> None:
     """Show how a plan maps onto a model's modules (--dry-run). Training scripts call lynx_planner.apply_plan."""
     if not dry_run:
@@ -813,21 +897,39 @@ def apply_cmd(
     except ImportError as e:
         raise InputError(f"the runtime (lynx_planner.runtime) is not available in this installation ({e})") from None
     rows = _call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path))
-    table = Table(title=f"{plan_path} on {model_path}", title_justify="left")
-    for col in ("stage", "layer", "module", "mode", "keep", "recompute", "at"):
-        table.add_column(col)
-    for r in rows:
-        def cell(key: str) -> str:
-            v = r.get(key, r.get("when", "")) if key == "at" else r.get(key, "")
-            return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-
-        table.add_row(*(cell(k) for k in ("stage", "layer", "module", "mode", "keep", "recompute", "at")))
-    out.print(table)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    out.print(f"{plan_path} on {model_path}")
+    for line in dry_run_lines(rows, _width()):
+        out.print(line, markup=False)
     plan = _load_plan(plan_path)
     precision = (f"fp32 weights under {plan.autocast} autocast" if plan.autocast else
                  f"{plan.dtype} weights" if plan.dtype else "the weights as built")
     out.print(f"ok: a training forward and backward of {model_path} ran with every stage of the plan applied "
               f"({precision})")
+
+
+def _width() -> int:
+    import shutil
+
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def dry_run_lines(rows: list[dict], width: int) -> list[str]:
+    """One heading per layer, then its kept and recomputed op ids wrapped at spaces so that no id is cut."""
+    import textwrap
+
+    lines = []
+    for r in rows:
+        when = r.get("when", r.get("at", ""))
+        lines.append(f"stage {r['stage']}  layer {r['layer']}  {r['module']}  {r['mode']}  at {when}")
+        for key in ("keep", "recompute"):
+            if r[key]:
+                lines += textwrap.wrap(", ".join(r[key]), width=width, initial_indent=f"  {key}: ",
+                                       subsequent_indent=" " * (len(key) + 4), break_long_words=False,
+                                       break_on_hyphens=False)
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -893,7 +995,8 @@ def bench_cmd(
     """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
     from . import bench
 
-    wide = out if out.is_terminal else Console(highlight=False, soft_wrap=True, width=200)  # CI logs: no squashing
+    # CI logs: no squashing (a width the user sets with COLUMNS is kept)
+    wide = out if out.is_terminal or os.environ.get("COLUMNS") else Console(highlight=False, soft_wrap=True, width=200)
     code = bench.main(suite, baseline=baseline, check=check, update=update, algos=_algos(algos), out_dir=out_dir,
                       time_limit=_seconds(time_limit), console=wide)
     raise typer.Exit(code)
@@ -959,8 +1062,8 @@ def tune_cmd(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
     distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer",
-        help="Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer).")] = True,
+        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
+    ] = DISTRIBUTED_OPTIMIZER,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON row per (layout, algorithm) planned instead of the table.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option(
@@ -1102,13 +1205,15 @@ def _size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int,
 class Framework(str, Enum):
     megatron = "megatron"
     torchtitan = "torchtitan"
+    torchtitan_02 = "torchtitan-0.2"
 
 
 @command("export")
 def export_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` or `lynx tune`.")],
-    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: job config "
-                                          "settings and the apply_plan call.")],
+    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: torchtitan "
+                                          "0.3 command-line arguments and the LynxAC hook; torchtitan-0.2: a "
+                                          "torchtitan 0.2.2 TOML job file and the apply_plan call.")],
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="The plan's profile.")] = None,
 ) -> None:
@@ -1128,7 +1233,16 @@ def export_cmd(
         raise InputError(f"{plan_path}: `lynx check` rejects this plan, not exporting it: "
                          + "\n".join(problems[:5]) + ("\n..." if len(problems) > 5 else ""))
     if to is Framework.torchtitan:
-        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: job config (TOML)")
+        args, notes = export.torchtitan_args(plan, prof)
+        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: arguments of torchtitan's train "
+                   "(python -m torchtitan.train ...)")
+        typer.echo(" \\\n".join(shlex.join(line) for line in args))
+        for note in notes:
+            typer.echo(f"# {note}")
+        typer.echo(export.TORCHTITAN_HOOK.format(module=args[0][1], config=args[1][1], plan=plan_path.name))
+        return
+    if to is Framework.torchtitan_02:
+        typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_02_VERSION}: job config (TOML)")
         typer.echo(export.toml(export.torchtitan(plan, prof)))
         typer.echo(export.TORCHTITAN_APPLY)
         return
@@ -1200,10 +1314,12 @@ def hardware_cmd(
         raise InputError("lynx hardware: -o applies to `lynx hardware calibrate`")
     from .models.hardware import HARDWARE
 
+    from rich import box
+
     table = Table(title="hardware (efficiencies and bus bandwidths are assumptions to calibrate)",
-                  title_justify="left")
-    for col in ("name", "memory", "peak TFLOP/s", "HBM GB/s", "intra-node busbw GB/s", "inter-node busbw GB/s"):
-        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("name", "memory", "peak\nTFLOP/s", "HBM\nGB/s", "intra-node\nbusbw GB/s", "inter-node\nbusbw GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
     for h in HARDWARE.values():
         table.add_row(h.name, format_bytes(h.memory_bytes), f"{h.peak_flops / 1e12:.1f}",
                       f"{h.hbm_bytes_per_s / 1e9:.0f}", f"{h.intra_node_bus_bytes_per_s / 1e9:.0f}",

@@ -4,11 +4,14 @@ Megatron-LM: the layout flags, the stage split (`--decoder-first/last-pipeline-n
 differ, else `--pipeline-model-parallel-layout`) and the nearest recomputation flags: Megatron's built-in choices
 (none, selective core attention, full, block N) simulated on the plan's split, the fastest that fits the plan's
 limit, with what Megatron cannot express and what that costs. torchtitan: the parallelism, training and
-activation-checkpoint settings, and where to call `lynx_planner.apply_plan`.
+activation-checkpoint settings, and where to call `lynx_planner.apply_plan`: for torchtitan 0.3 the command-line
+overrides its ConfigManager parses (`--module … --config …` plus `--section.key value`), for 0.2.2 a TOML job file.
 
-Checked against Megatron-LM core_v0.19.0 (megatron/training/arguments.py, megatron/core/transformer/
-transformer_config.py; the recompute flags are TransformerConfig fields exposed as --recompute-*) and torchtitan
-v0.2.2 (torchtitan/config/job_config.py: [parallelism], [training], [activation_checkpoint]).
+Checked against Megatron-LM core_v0.20.0 (NVIDIA/Megatron-LM d98e8a6, 2026-08-22; Python >= 3.12): every flag is
+one its parser accepts (tests/data/megatron_flags.txt, read from megatron/training/arguments.py and the config
+dataclasses it exposes, e.g. TransformerConfig's --recompute-*, by scripts/megatron_flags.py) and torchtitan
+v0.2.2 (torchtitan/config/job_config.py: [parallelism], [training], [activation_checkpoint]) and torchtitan 0.3.0
+(torchtitan/config/manager.py ConfigManager; tests/test_export.py parses the export with it when it is installed).
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from dataclasses import dataclass, field
 from . import evaluate as ev
 from .schema import Plan, Profile
 
-MEGATRON_VERSION = "Megatron-LM core_v0.19.0"
-TORCHTITAN_VERSION = "torchtitan v0.2.2"
+MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
+TORCHTITAN_VERSION = "torchtitan 0.3.0"
+TORCHTITAN_02_VERSION = "torchtitan v0.2.2"
+# torchtitan's config_registry functions of lynx's catalog models (`--module llama3 --config NAME`)
+TORCHTITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
+                      "llama3-405b": ("llama3", "llama3_405b")}
 
 
 @dataclass
@@ -218,4 +225,55 @@ TORCHTITAN_APPLY = '''\
 import lynx_planner
 stage = parallel_dims.get_mesh("pp").get_local_rank() if parallel_dims.pp_enabled else 0
 model = lynx_planner.apply_plan(model, "plan.json", stage=stage)
+'''
+
+
+def torchtitan_args(plan: Plan, profile: Profile) -> tuple[list[list[str]], list[str]]:
+    """(arguments, one option per line, and notes) for torchtitan 0.3's ConfigManager: `--module M --config C` and `--section.key value`
+    overrides of the 0.2.2 settings above; AC off (`activation-checkpoint:none`): the plan is applied by
+    `lynx_planner.integrations.torchtitan.LynxAC` (TORCHTITAN_HOOK)."""
+    from .layouts import CONVENTIONS, plan_convention, rename
+
+    sections = torchtitan(plan, profile)
+    notes = []
+    module_config = TORCHTITAN_CONFIGS.get(profile.model.name)
+    if module_config is None:
+        module_config = ("llama3", "llama3_debugmodel")
+        notes.append(f"torchtitan has no config of {profile.model.name}: --module/--config name torchtitan's Llama 3 "
+                     "debug model; give your model's")
+    args = [["--module", module_config[0]], ["--config", module_config[1]]]
+    parallelism = dict(sections["parallelism"])
+    if "module_fqns_per_model_part" in parallelism:
+        source = plan_convention(plan)
+        if source is not None:  # 0.3.0 names the last model part lm_head (0.2.2: output)
+            parts = [rename(st.layer_names, source, CONVENTIONS["torchtitan"]) for st in plan.stages]
+        else:
+            parts = parallelism["module_fqns_per_model_part"]
+            notes.append("the plan's layer names follow no known layout: module_fqns_per_model_part lists them as "
+                         "they are")
+        parallelism["module_fqns_per_model_part"] = parts
+    for section in ("parallelism", "training"):
+        for key, value in (parallelism if section == "parallelism" else sections[section]).items():
+            if isinstance(value, list):
+                args.append([f"--{section}.{key}", *(",".join(part) for part in value)])
+            else:
+                args.append([f"--{section}.{key}", str(value)])
+    if profile.parallel.pp > 1:
+        args.append(["--training.disable_cuda_graphs"])  # torchtitan 0.3.0's pipeline schedules need it
+    args.append(["activation-checkpoint:none"])
+    return args, notes
+
+
+TORCHTITAN_HOOK = '''\
+# Apply the plan where torchtitan applies AC: a config_registry function (your module, e.g. lynx_configs.py)
+# that sets the lynx policy, then run with --module lynx_configs --config <its name> (and no activation-checkpoint:
+# the policy is in the config). torchtitan's parallelize calls LynxAC.apply(model) once per pipeline model part;
+# the plan's stage is found from the layers the part holds, layer and op names are mapped onto torchtitan's.
+from torchtitan.models.{module}.config_registry import {config}
+from lynx_planner.integrations.torchtitan import LynxAC
+
+def {config}_lynx():
+    config = {config}()
+    config.activation_checkpoint = LynxAC.Config(plan="{plan}")
+    return config
 '''

@@ -54,7 +54,11 @@ def _short(text: str) -> str:
 
 
 def format_bytes(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """GiB with two decimals; MiB or KiB where GiB would print as 0.0x (tiny models)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if abs(n) >= 0.1 * size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n / 2**10:.2f} KiB"
 
 
 def describe_validation(path: str | Path, err: ValidationError) -> str:

@@ -55,10 +55,10 @@ _LANES = {"forward": (-0.15, 0.5), "backward": (-0.15, 0.5), "exposed recompute"
 
 
 def timeline(events: list[dict], memory: list[list[tuple[float, int]]], static: list[int], limit: int, title: str,
-             path: Path) -> None:
+             path: Path, xmax: float | None = None) -> None:
     """The pipeline, one row per stage (forward, backward, exposed recomputation on the compute stream; TP and DP
     collectives below; hidden side-stream recomputation above), and under it each stage's memory (static plus
-    activations) over time against the limit."""
+    activations) over time against the limit. `xmax`: the time axis' end, to draw several plans on one scale."""
     plt = _pyplot()
     p = len(memory)
     fig, (ax, axm) = plt.subplots(2, 1, figsize=(12, 2.2 + 0.28 * p + 3), sharex=True,
@@ -77,8 +77,9 @@ def timeline(events: list[dict], memory: list[list[tuple[float, int]]], static: 
     ax.set_yticks(range(p) if p <= 16 else range(0, p, max(1, p // 16)))
     ax.set_ylabel("stage")
     fig.suptitle(title, x=0.01, ha="left", fontsize=10)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+    present = [cat for cat in COLORS if any(c == cat for _, c in bars)]  # only what occurs
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[cat]) for cat in present]
+    ax.legend(handles, present, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
               fontsize=8)
     cmap = plt.get_cmap("viridis")
     for s, (deltas, base) in enumerate(zip(memory, static)):
@@ -94,6 +95,8 @@ def timeline(events: list[dict], memory: list[list[tuple[float, int]]], static: 
     axm.set_ylabel("memory per GPU (GiB)")
     axm.set_xlabel("time (s)")
     axm.legend(ncol=min(p + 1, 9), fontsize=7, loc="lower center", frameon=False)
+    if xmax is not None:
+        axm.set_xlim(0, xmax)
     if p > 8:
         sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, p - 1))
         fig.colorbar(sm, ax=axm, label="stage", pad=0.01)
@@ -109,16 +112,34 @@ def time_memory(points: list[dict], limit: int, title: str, path: Path, y: str =
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     seen = set()
-    for pt in points:
-        if pt.get(y) is None or pt.get("peak_memory_bytes") is None:
-            continue
+    shown = [pt for pt in points if pt.get(y) is not None and pt.get("peak_memory_bytes") is not None]
+    for pt in shown:
         algo = pt["algo"]
         ax.scatter(pt["peak_memory_bytes"] / GiB, pt[y], color=ALGO_COLORS.get(algo, "#333333"), s=28,
                    label=algo if algo not in seen else None, zorder=3)
         seen.add(algo)
-        if pt.get("label"):
-            ax.annotate(pt["label"], (pt["peak_memory_bytes"] / GiB, pt[y]), textcoords="offset points",
-                        xytext=(4, 3), fontsize=7)
+    xs = [pt["peak_memory_bytes"] / GiB for pt in shown] + [limit / GiB]
+    ys = [pt[y] for pt in shown] or [0.0]
+    placed: list[tuple[float, float, int]] = []  # labels drawn: x, y, vertical offset (points)
+    for (x, yv), labels in label_groups([(pt["peak_memory_bytes"] / GiB, pt[y], pt.get("label")) for pt in shown],
+                                        max(xs) - min(xs), max(ys) - min(ys)):
+        text = ", ".join(labels[:3]) + (f" +{len(labels) - 3}" if len(labels) > 3 else "")
+        right = x > (min(xs) + max(xs)) / 2  # right half: the label to the left, off the limit line and the edge
+        # a label near one already drawn (labels are ~1/4 of the axis wide) moves down a line
+        near = [off for px, py, off in placed if abs(px - x) < 0.25 * ((max(xs) - min(xs)) or 1)
+                and abs(py - yv) < 0.04 * ((max(ys) - min(ys)) or 1)]
+        offset = min([3, *[o - 10 for o in near]])
+        placed.append((x, yv, offset))
+        ax.annotate(text, (x, yv), textcoords="offset points", xytext=(-6 if right else 6, offset), fontsize=7,
+                    ha="right" if right else "left", bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
+                                                           "alpha": 0.7})
+    missing = [pt for pt in points if pt not in shown]
+    if missing:  # said, not silently left out
+        ax.text(0.01, 0.01, "not shown (no plan within the limit): " + ", ".join(
+            f"{pt.get('label') or pt['algo']}" + (f" needs {pt['peak_memory_bytes'] / GiB:.2f} GiB"
+                                                  if pt.get("peak_memory_bytes") else "") for pt in missing[:6])
+            + (f" +{len(missing) - 6}" if len(missing) > 6 else ""), transform=ax.transAxes, fontsize=7,
+            color="#555555")
     ax.axvline(limit / GiB, color="#C44E52", linestyle="--", linewidth=1.0, label="memory limit")
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel({"iteration_time_s": "iteration time (s)", "tokens_per_s_per_gpu": "tokens/s per GPU"}.get(y, y))
@@ -128,3 +149,21 @@ def time_memory(points: list[dict], limit: int, title: str, path: Path, y: str =
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
+
+
+def label_groups(points: list[tuple[float, float, str | None]], x_range: float, y_range: float
+                 ) -> list[tuple[tuple[float, float], list[str]]]:
+    """Labels of points that would print over each other (within 3% of the axes of the first of a group) joined
+    into one: 'full, uniform' instead of 'fuinform'."""
+    groups: list[tuple[tuple[float, float], list[str]]] = []
+    dx, dy = 0.03 * (x_range or 1.0), 0.04 * (y_range or 1.0)
+    for x, y, label in points:
+        if not label:
+            continue
+        for (gx, gy), labels in groups:
+            if abs(x - gx) <= dx and abs(y - gy) <= dy:
+                labels.append(label)
+                break
+        else:
+            groups.append(((x, y), [label]))
+    return groups

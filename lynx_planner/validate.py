@@ -68,6 +68,10 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
 
 
 # the job ------------------------------------------------------------------------------------------------------------
+_STAGE_HINT = (". A stage calls its layers in order, each on the previous one's output; a model whose layers do not "
+               "chain so (e.g. position embeddings added beside the token embedding) needs a "
+               "stage_module(layer_names) in its file (docs/integrations.md)")
+
 def _stage_module(model, layer_names: list[str]):
     """The model's own `stage_module(layer_names)` if it has one, else the stage's layers called in order."""
     import torch
@@ -216,10 +220,22 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             results[i]["held_at_backward_bytes"] = held_at_backward[0]
             tracker[0] = None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    finally:
-        region_module.Region.recompute = original
-        dist.barrier()
-        dist.destroy_process_group()
+    except BaseException as e:  # reported by the parent in one line, not as a child traceback
+        Path(out_dir, f"rank{rank}.error").write_text(_failure(e, model_path))
+        os._exit(1)  # at once: the other stages wait in collectives, and the parent ends them
+    region_module.Region.recompute = original
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _failure(e: BaseException, model_path: str) -> str:
+    """One line: the exception and the innermost line of the model file it came from (else the innermost line)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = [f for f in frames if f.filename == model_path] or frames[-1:]
+    where = f" (at {Path(inside[-1].filename).name}:{inside[-1].lineno})" if inside else ""
+    return (f"{type(e).__name__}: {e}".splitlines() or [""])[0] + where
 
 
 def _profile_of(plan: Plan, plan_path: str) -> Profile:
@@ -261,8 +277,19 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
 
     world = pps.pop()
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths], str(Path(model_path).resolve()),
-                                repeats, warmup, threads, dtype, out_dir), nprocs=world, join=True)
+        import logging
+
+        # its 'Terminating process ... via signal SIGTERM' when one stage failed: the failure is reported below
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+        try:
+            mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths],
+                                    str(Path(model_path).resolve()), repeats, warmup, threads, dtype, out_dir),
+                     nprocs=world, join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+            errors = [f"stage {r}: {Path(out_dir, f'rank{r}.error').read_text()}" for r in range(world)
+                      if Path(out_dir, f"rank{r}.error").exists()]
+            raise InputError(f"{model_path}: the pipeline job failed: {'; '.join(errors) or 'a stage process died'}"
+                             + _STAGE_HINT) from None
         per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
     runs = []
     for i, (path, plan, prof) in enumerate(zip(plan_paths, plans, profiles)):
@@ -315,19 +342,17 @@ def table(summaries: list[dict]) -> str:
         lines.append(f"plan {s['plan']} ({s['algo']})")
         if s["profile_method"] != "measure":
             lines.append(f"  note: its profile is {s['profile_method']} (times for {s['hardware']}), not measured here")
-        lines.append(f"  {'stage':<6}{'forward s':>22}{'backward s':>22}{'recompute in bwd s':>24}"
-                     f"{'early recompute s':>24}{'kept MiB':>20}{'peak MiB':>20}")
-        lines.append(f"  {'':<6}{'pred / meas':>22}{'pred / meas':>22}{'pred exposed / meas':>24}"
-                     f"{'pred hidden / meas':>24}{'pred / meas':>20}{'pred / meas':>20}")
+        rows = (("forward s", "forward_s", 1, 4), ("backward s", "backward_s", 1, 4),
+                ("recompute in backward s (exposed)", "recompute_in_backward_s", 1, 4),
+                ("recompute early s (hidden)", "recompute_early_s", 1, 4),
+                ("kept MiB when a backward starts", "held_at_backward_bytes", mib, 1),
+                ("peak MiB", "activation_bytes", mib, 1))
+        # one line per figure (not a column per figure): it stays within 80 columns
         for st in s["stages"]:
             p, m = st["predicted"], st["measured"]
-            lines.append(
-                f"  {st['stage']:<6}{p['forward_s']:>10.4f} / {m['forward_s']:<9.4f}"
-                f"{p['backward_s']:>10.4f} / {m['backward_s']:<9.4f}"
-                f"{p['recompute_in_backward_s']:>12.4f} / {m['recompute_in_backward_s']:<9.4f}"
-                f"{p['recompute_early_s']:>12.4f} / {m['recompute_early_s']:<9.4f}"
-                f"{p['held_at_backward_bytes'] / mib:>10.1f} / {m['held_at_backward_bytes'] / mib:<7.1f}"
-                f"{p['activation_bytes'] / mib:>10.1f} / {m['activation_bytes'] / mib:<7.1f}")
+            lines.append(f"  stage {st['stage']:<37}{'predicted':>10}  {'measured':>10}")
+            for label, key, scale, digits in rows:
+                lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
@@ -345,4 +370,13 @@ def table(summaries: list[dict]) -> str:
                      f"measured {full['measured_s'] / none['measured_s']:.3f}")
     load = os.getloadavg()
     lines.append(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    return "\n".join(lines)
+    import shutil
+    import textwrap
+
+    width = max(60, shutil.get_terminal_size((100, 24)).columns)
+    wrapped = []
+    for line in lines:  # at spaces, so that no figure is cut by the terminal
+        indent = " " * (len(line) - len(line.lstrip()))
+        wrapped += textwrap.wrap(line, width=width, subsequent_indent=indent + "  ", break_long_words=False,
+                                 break_on_hyphens=False) or [line]
+    return "\n".join(wrapped)

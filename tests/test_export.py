@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from conftest import between, small_profile
@@ -113,9 +114,14 @@ def plan_file(tmp_path):
 def test_cli_export(plan_file):
     r = runner.invoke(app, ["export", str(plan_file), "--to", "megatron"])
     assert r.exit_code == 0, r.output
-    assert "--tensor-model-parallel-size 2" in r.stdout and "core_v0.19.0" in r.stdout
+    assert "--tensor-model-parallel-size 2" in r.stdout and "core_v0.20.0" in r.stdout
     assert "nearest Megatron recomputation" in r.stdout
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan"])
+    assert r.exit_code == 0, r.output
+    assert "--parallelism.pipeline_parallel_degree 2" in r.stdout and "activation-checkpoint:none" in r.stdout
+    assert "--training.disable_cuda_graphs" in r.stdout and "LynxAC.Config(plan=" in r.stdout
+    assert "tok_embeddings,layers.0" in r.stdout and ",norm,lm_head" in r.stdout  # 0.3.0: lm_head, not output
+    r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan-0.2"])
     assert r.exit_code == 0, r.output
     assert "apply_plan" in r.stdout and "[activation_checkpoint]" in r.stdout
     r = runner.invoke(app, ["export", str(plan_file), "--to", "deepspeed"])
@@ -166,3 +172,23 @@ def test_compare_table_fits_80_columns_with_32_stages(tmp_path):
         assert all(col in header for col in ("iteration s", "vs full", "peak GiB", "fits"))
         heu = next(line for line in lines if line.strip().startswith("heu"))
         assert "yes" in heu and "x" in heu
+
+
+MEGATRON_FLAGS = Path(__file__).parent / "data" / "megatron_flags.txt"
+
+
+@pytest.mark.parametrize("pp,dp,sp,algo,partition", [(2, 1, False, "heu", None), (4, 2, True, "full", "auto"),
+                                                      (4, 1, False, "none", None)])
+def test_megatron_flags_exist_in_megatrons_parser(pp, dp, sp, algo, partition):
+    """Every flag of the export is one Megatron-LM's parser accepts (tests/data/megatron_flags.txt: read from
+    Megatron-LM's source by scripts/megatron_flags.py; its first line names the version)."""
+    known = {line for line in MEGATRON_FLAGS.read_text().splitlines() if line.startswith("--")}
+    prof = small_profile(pp=pp, m=8, layers=8, sp=sp)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"dp": dp,
+                                                                                "distributed_optimizer": True})})
+    plan = plan_of(prof, algo, between(prof, 0.5) if algo == "heu" else 10**15, partition=partition)
+    got = export.megatron(plan, prof)
+    emitted = got.flags + [f for c in got.choices for f in c.flags]
+    names = {f.split()[0] for f in emitted}
+    assert names and names <= known, sorted(names - known)
+    assert export.MEGATRON_VERSION.split()[-1] in MEGATRON_FLAGS.read_text().splitlines()[0]

@@ -79,3 +79,52 @@ def test_hardware_without_action_still_lists_and_rejects_unknown_actions():
     result = CliRunner().invoke(app, ["hardware", "measure"])
     assert result.exit_code == 2 and "calibrate" in result.output
     assert CliRunner().invoke(app, ["hardware", "calibrate"]).exit_code == 2  # -o is required
+
+
+@pytest.mark.parametrize("model", ["gpt_model.py", "hf_gpt2.py"])
+def test_validate_model_files_without_own_stages(model, tmp_path):
+    """The README's model files: gpt_model.py has no stage_module (the fallback chain nests the model under
+    `model.`; the plan's layers are found there), hf_gpt2.py defines one."""
+    path = EXAMPLE.parent / model
+    runner = CliRunner()
+    r = runner.invoke(app, ["profile", str(path), "--pp", "2", "--seq-len", "32", "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", str(tmp_path / "p.json"), "--algo", "full", "-o", str(tmp_path / "full.json")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["validate", str(tmp_path / "full.json"), str(path), "--repeats", "1", "--warmup", "0",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output
+    (summary,) = json.loads(r.output)
+    assert all(s["measured"]["recompute_in_backward_s"] > 0 for s in summary["stages"])
+
+
+def test_validate_failure_is_one_line_without_child_traceback(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text((EXAMPLE.parent / "gpt_model.py").read_text() + """
+
+_original = lynx_model
+
+
+class _Broken(torch.nn.Module):  # keeps the model's paths under `model.`, fails in its forward
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        raise ValueError("broken stage")
+
+
+def lynx_model(**kw):
+    model, inputs = _original(**kw)
+    model.stage_module = lambda names: _Broken(model)
+    return model, inputs
+""")
+    runner = CliRunner()
+    r = runner.invoke(app, ["profile", str(EXAMPLE.parent / "gpt_model.py"), "--pp", "2", "--seq-len", "32",
+                            "-o", str(tmp_path / "p.json")])
+    r = runner.invoke(app, ["plan", str(tmp_path / "p.json"), "--algo", "none", "-o", str(tmp_path / "none.json")])
+    r = runner.invoke(app, ["validate", str(tmp_path / "none.json"), str(bad), "--repeats", "1", "--warmup", "0"])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert "ValueError: broken stage (at bad.py:" in r.output

@@ -30,6 +30,7 @@ from . import conflicts, routing
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
+from .names import layer_paths, layer_policy
 from .stages import layer_policies, resolve_layers, select_stage
 
 # Analytic profiles name the TP collectives that the model issues outside its layers 'tp_*' (analytic.py): they never
@@ -189,31 +190,38 @@ def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: b
     return _Layer(index, path, module, policy, at, keep, scope, routed=routed)
 
 
-def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None) -> nn.Module:
+def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None,
+               names: str | None = None) -> nn.Module:
     """Wrap the layers of `stage` (None: the plan's only stage) of `module` as the plan says; returns `module`.
 
     `module` is the whole model or a stage module that keeps the model's module paths for the stage's layers
-    (`StagePlan.layer_names`). Mismatches raise `PlanMismatchError`: here for stages and paths, at a layer's first
-    training forward for op ids the layer never runs. Apply it once, after copying the model and before training.
+    (`StagePlan.layer_names`). Where it has not those paths, the plan's layers are found by role in the module's
+    layout (torchtitan, Megatron, Hugging Face, lynx's own: runtime/names.py), detected or named by `names`, and a
+    Llama block's op ids are translated between Hugging Face's and torchtitan's modules. Mismatches raise
+    `PlanMismatchError`: here for stages, paths and ops without counterpart, at a layer's first training forward for
+    op ids the layer never runs. Apply it once, after copying the model and before training.
     """
     if not isinstance(plan, Plan):
         plan = load_model(plan, Plan)
     stage_plan = select_stage(plan, stage)
     policies = layer_policies(stage_plan)
-    modules = resolve_layers(module, stage_plan)
-    for path, layer_module in zip(stage_plan.layer_names, modules):
+    paths = layer_paths(module, plan, stage_plan.layer_names, [p.mode for p in policies], names)
+    first = stage_plan.layers[0]
+    chosen = [(first + i, name, path, p)
+              for i, (name, path, p) in enumerate(zip(stage_plan.layer_names, paths, policies)) if path is not None]
+    modules = resolve_layers(module, stage_plan.stage, [path for _, _, path, _ in chosen])
+    for (_, _, path, _), layer_module in zip(chosen, modules):
         if layer_module in _RUNTIME_OF_LAYER:
             raise PlanMismatchError(f"a plan is already applied to layer {path!r}" + (
                 " (a module used at several places: keep all its uses in one pipeline stage)"
                 if _RUNTIME_OF_LAYER[layer_module].stage != stage_plan.stage else ""))
-    check_uses(stage_plan.stage, stage_plan.layer_names, modules)
-    first = stage_plan.layers[0]
-    layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
-              for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
+    check_uses(stage_plan.stage, [path for _, _, path, _ in chosen], modules)
+    layers = [_layer(index, path, m, layer_policy(p, m, name, path), top=k == len(modules) - 1)
+              for k, ((index, name, path, p), m) in enumerate(zip(chosen, modules))]
     for layer in layers:
         layer.outer = tuple(conflicts.ancestors(module, split_use(layer.path)[0]))
         conflicts.check_static(layer.path, layer.module, [*layer.outer], layer.at)
-    check_dtype(plan, stage_plan.layer_names, modules)
+    check_dtype(plan, [layer.path for layer in layers], modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None
     for layer in layers:

@@ -11,6 +11,7 @@ from torch.utils._pytree import tree_leaves
 from ..io import InputError, file_sha256, find_beside, load_model
 from ..schema import Plan, Profile
 from .errors import PlanMismatchError
+from .names import layer_paths
 from .stages import layer_policies, resolve_layers
 
 
@@ -100,7 +101,8 @@ def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
     model, inputs = load_model_file(model_path, device=device, dtype=plan.dtype, **_overrides(profile))
     rows = []
     for stage in plan.stages:
-        resolve_layers(model, stage)
+        modes = [p.mode for p in layer_policies(stage)]
+        resolve_layers(model, stage.stage, [p for p in layer_paths(model, plan, stage.layer_names, modes) if p])
         for offset, (name, policy) in enumerate(zip(stage.layer_names, layer_policies(stage))):
             index = stage.layers[0] + offset
             if profile is not None:

@@ -52,15 +52,16 @@ def layer_policies(stage_plan: StagePlan) -> list[LayerPolicy]:
     return by_layer  # type: ignore[return-value]
 
 
-def resolve_layers(module: nn.Module, stage_plan: StagePlan) -> list[nn.Module]:
+def resolve_layers(module: nn.Module, stage: int, paths: list[str]) -> list[nn.Module]:
     layers = []
-    for path in stage_plan.layer_names:
+    for path in paths:
         try:
             layers.append(module.get_submodule(split_use(path)[0]))  # 'layers.0#1': a module's second use
         except AttributeError:
             raise PlanMismatchError(
-                f"stage {stage_plan.stage}: the module has no submodule {path!r}; pass the whole model or a stage "
-                f"module that keeps the model's paths (it has e.g. {_child_paths(module)})") from None
+                f"stage {stage}: the module has no submodule {path!r}; pass the whole model or a stage "
+                f"module that keeps the model's paths (it has e.g. {_child_paths(module)}), or name its layout: "
+                "apply_plan(..., names='torchtitan'|'megatron'|'hf'|'lynx'|'reference-gpt')") from None
     return layers
 
 

@@ -1,0 +1,75 @@
+"""torchtitan 0.3: `LynxAC`, an activation-checkpointing policy that applies a lynx plan where torchtitan applies AC
+(`ac_config.build(...).apply(model)` in each model's parallelize function), and `debug_llama3`, torchtitan's own Llama 3
+debug model built for the CPU (tests, docs/integrations.md).
+
+Importing this module imports torchtitan (the `torchtitan` extra: pip install 'lynx-planner[torchtitan]').
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing
+
+from ..io import load_model
+from ..runtime import PlanMismatchError, apply_plan
+from ..runtime.names import layer_paths
+from ..runtime.stages import layer_policies
+from ..schema import Plan
+
+
+def plan_stage(model: nn.Module, plan: Plan) -> int:
+    """The plan's stage whose layers this model part holds (torchtitan's pipeline split keeps `layers.N`)."""
+    found = dict(model.named_modules())
+    for st in plan.stages:
+        modes = [p.mode for p in layer_policies(st)]
+        try:
+            paths = layer_paths(model, plan, st.layer_names, modes, "torchtitan")
+        except PlanMismatchError:
+            continue
+        if all(p is None or p in found for p in paths) and any(p is not None for p in paths):
+            return st.stage
+    raise PlanMismatchError(f"no stage of the plan has its layers in this model part (it has e.g. "
+                            f"{', '.join(n for n in list(found)[1:6])})")
+
+
+class LynxAC(ActivationCheckpointing):
+    """Apply a lynx plan (keep/recompute per layer) instead of torchtitan's full or selective AC.
+
+    In a config_registry function: `config.activation_checkpoint = LynxAC.Config(plan="plan.json")`; torchtitan's
+    parallelize then calls `apply(model)` once per model part (pipeline stage), and the stage is found from the
+    layers the part holds. The plan's layer and op names are mapped onto torchtitan's (runtime/names.py).
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ActivationCheckpointing.Config):
+        plan: str = "plan.json"
+        """the lynx plan file (lynx plan ... -o plan.json)"""
+
+        stage: int | None = None
+        """the plan's pipeline stage of this model part (None: found from the layers the part holds)"""
+
+    def apply(self, model: nn.Module) -> None:
+        plan = load_model(self.config.plan, Plan)
+        stage = self.config.stage if self.config.stage is not None else plan_stage(model, plan)
+        apply_plan(model, plan, stage=stage, names="torchtitan")
+
+
+def debug_llama3(layers: int = 6, fuse_qkv: bool = True) -> nn.Module:
+    """torchtitan's `llama3 debugmodel` (dim 256, 16 heads, vocab 2048) with `layers` blocks, initialised, with
+    SDPA inner attention: flex attention, its language-model default, has no backward on the CPU."""
+    from torchtitan.models.common import compute_ffn_hidden_dim
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import _build_llama3_layers, model_registry
+
+    config = model_registry("debugmodel", attn_backend="flex").model
+    rope = config.layers[0].attention.rope
+    config.layers = _build_llama3_layers(fuse_qkv=fuse_qkv, n_layers=layers, dim=config.dim, n_heads=16,
+                                         hidden_dim=compute_ffn_hidden_dim(config.dim, multiple_of=256), rope=rope,
+                                         attn_backend="flex")
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    model = config.build()
+    model.init_states()
+    return model

@@ -1,0 +1,108 @@
+"""torchtitan 0.3 as a target: `lynx export --to torchtitan` parsed by torchtitan's own ConfigManager, and the LynxAC
+hook applying a plan to torchtitan's Llama 3 debug model (CPU) with the gradients and the step of the unplanned model.
+Skipped when torchtitan is absent (the `torchtitan` extra)."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import sys
+
+import pytest
+import torch
+from conftest import between, lynx
+
+from lynx_planner.io import load_model
+from lynx_planner.schema import Plan, Profile
+
+pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'lynx-planner[torchtitan]')")
+
+from torchtitan.config.manager import ConfigManager  # noqa: E402
+
+from lynx_planner.integrations.torchtitan import LynxAC, debug_llama3, plan_stage  # noqa: E402
+from lynx_planner.runtime import runtime_of  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """A profile of torchtitan's debug Llama 3 (4 layers, pp 2) and a HEU plan between no and full recomputation."""
+    d = tmp_path_factory.mktemp("tt")
+    r = lynx("profile", "examples/torchtitan_llama3.py", "--pp", 2, "--num-microbatches", 4, "-o", d / "profile.json")
+    assert r.exit_code == 0, r.output
+    profile = load_model(d / "profile.json", Profile)
+    r = lynx("plan", d / "profile.json", "--algo", "heu", "--memory-limit", between(profile, 0.5),
+             "-o", d / "plan.json")
+    assert r.exit_code == 0, r.output
+    return d
+
+
+def export_args(plan_dir) -> list[str]:
+    r = lynx("export", plan_dir / "plan.json", "--to", "torchtitan")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.split("\n# Apply the plan")[0].splitlines()
+    text = " ".join(line.rstrip("\\") for line in lines if not line.startswith("#"))
+    return shlex.split(text)
+
+
+def test_export_parses_with_torchtitans_config_manager(planned):
+    args = export_args(planned)
+    config = ConfigManager().parse_args(args)
+    par = config.parallelism
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (1, 2)
+    parts = par.module_fqns_per_model_part
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    assert [n for part in parts for n in part if n.startswith("layers.")] == [f"layers.{i}" for i in range(4)]
+    assert config.training.disable_cuda_graphs is True
+    assert config.activation_checkpoint is None  # lynx's plan replaces torchtitan's AC
+    assert config.training.local_batch_size == 2 * 4
+
+
+def test_hook_config_passes_the_config_manager(planned, tmp_path, monkeypatch):
+    r = lynx("export", planned / "plan.json", "--to", "torchtitan")
+    hook = r.stdout.split("\n# Apply the plan", 1)[1].split("\n", 1)[1]
+    (tmp_path / "lynx_configs.py").write_text(hook)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = ConfigManager().parse_args(["--module", "lynx_configs", "--config", "llama3_debugmodel_lynx"])
+    assert isinstance(config.activation_checkpoint, LynxAC.Config)
+    assert config.activation_checkpoint.plan == "plan.json"
+    sys.modules.pop("lynx_configs", None)
+
+
+def one_step(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One training step (AdamW); the gradients, then the updated parameters."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    logits = model(tokens)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten()).backward()
+    grads = {f"grad {n}": p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    return grads | {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_lynx_ac_trains_torchtitans_llama3_with_equal_gradients(planned):
+    plan = load_model(planned / "plan.json", Plan)
+    assert any(p.mode != "none" for st in plan.stages for p in st.policies), "the plan should recompute something"
+    torch.manual_seed(0)
+    base = debug_llama3(layers=4)
+    tokens = torch.randint(0, 2048, (2, 64))
+    model = copy.deepcopy(base)
+    # what torchtitan's parallelize_llama does: ac_config.build(dump_folder=...).apply(model)
+    LynxAC.Config(plan=str(planned / "plan.json")).build(dump_folder=str(planned)).apply(model)
+    runtime = runtime_of(model)
+    assert runtime.stage == 0 and [layer.path for layer in runtime.layers][:2] == ["tok_embeddings", "layers.0"]
+    expected, got = one_step(base, tokens), one_step(model, tokens)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+
+
+def test_lynx_ac_finds_the_stage_of_a_pipeline_part(planned):
+    """torchtitan's pipeline split keeps `layers.N` of the whole model (ModuleDict) and sets the rest to None."""
+    plan = load_model(planned / "plan.json", Plan)
+    part = debug_llama3(layers=4)
+    last = plan.stages[-1]
+    for i in range(last.layers[0] - 1):  # the layers of stage 0 (index 0 is tok_embeddings)
+        del part.layers[str(i)]
+    part.tok_embeddings = None
+    assert plan_stage(part, plan) == 1
+    LynxAC.Config(plan=str(planned / "plan.json")).build().apply(part)
+    assert runtime_of(part).stage == 1
