@@ -218,9 +218,11 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class Schedule(str, Enum):
+class Schedule(str, Enum):  # lynx_planner/schedules
     one_f_one_b = "1f1b"
     gpipe = "gpipe"
+    interleaved_1f1b = "interleaved-1f1b"
+    zero_bubble = "zero-bubble"
 
 
 class Partition(str, Enum):
@@ -283,7 +285,13 @@ def profile_cmd(
         min=1, show_default="torch's default", help="--method measure: CPU threads of the measured runs.")] = None,
     repeats: Annotated[Optional[int], typer.Option(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
-    schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
+    schedule: Annotated[Schedule, typer.Option(
+        help="Pipeline schedule: 1f1b, gpipe, interleaved-1f1b (virtual stages, Megatron's interleaved order; needs "
+             "--virtual-stages >= 2), zero-bubble (torch's ScheduleInterleavedZeroBubble, ZB1P: backward split into "
+             "input and weight gradients; docs/schedules.md).")] = Schedule.one_f_one_b,
+    virtual_stages: Annotated[int, typer.Option(
+        min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
+                    "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer", help="Shard optimizer state over data-parallel ranks (Megatron "
         "--use-distributed-optimizer).")] = False,
@@ -298,7 +306,8 @@ def profile_cmd(
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
-                             schedule=schedule.value, distributed_optimizer=distributed_optimizer)
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer,
+                             virtual_stages=virtual_stages)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
@@ -348,7 +357,8 @@ def _profile_summary(profile: Profile, path: Path) -> None:
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
               f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
-              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, "
+              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
+              f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
               f"{profile.attention} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
