@@ -439,8 +439,10 @@ def _plan_summary(plan: Plan, path: Path) -> None:
     for col in ("stage", "layers", "peak GiB", "limit GiB", "static GiB", "activations GiB", "recompute exposed",
                 "hidden"):
         table.add_column(col, justify="right")
-    for st, pr in zip(plan.stages, pred.stages):
-        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _gib(pr.peak_memory_bytes),
+    pp = plan.parallel.pp
+    for pr in pred.stages:  # per rank; interleaved: its chunks' layers
+        layers = ", ".join(f"{st.layers[0]}-{st.layers[1] - 1}" for st in plan.stages if st.stage % pp == pr.stage)
+        table.add_row(str(pr.stage), layers, _gib(pr.peak_memory_bytes),
                       _gib(plan.memory_limit_bytes), _gib(pr.static_bytes), _gib(pr.activation_bytes),
                       _ms(pr.exposed_recompute_s), _ms(pr.hidden_recompute_s))
     out.print(table)
@@ -634,16 +636,16 @@ def simulate_cmd(
     prof = _load_profile(prof_path)
     if file_sha256(prof_path) != plan.profile_sha256:
         err.print(f"warning: {prof_path} is not the profile the plan was made for (sha256 differs)")
-    if len(plan.stages) != prof.parallel.pp:
+    if len(plan.stages) != prof.parallel.pp * prof.parallel.virtual_stages:
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
-                         f"pp {prof.parallel.pp}")
+                         f"pp {prof.parallel.pp} x {prof.parallel.virtual_stages} virtual stages")
     try:
         ev = evaluate(prof, plan.stages, trace=trace is not None or plot is not None)
     except (KeyError, IndexError, ValueError) as e:
         raise InputError(f"{plan_path}: the plan does not fit the profile {prof_path} ({type(e).__name__}: {e}); "
                          "run `lynx check`") from None
     if trace is not None:
-        write_atomic(trace, dumps_json(chrome_trace(ev.sim.trace, len(plan.stages)), str(trace)))
+        write_atomic(trace, dumps_json(chrome_trace(ev.sim.trace, prof.parallel.pp), str(trace)))
     if plot is not None:
         from .plot import timeline
 
@@ -1026,9 +1028,9 @@ def export_cmd(
     plan = _load_plan(plan_path)
     prof_path = _plan_profile_path(plan, plan_path, profile)
     prof = _load_profile(prof_path)
-    if len(plan.stages) != prof.parallel.pp:
+    if len(plan.stages) != prof.parallel.pp * prof.parallel.virtual_stages:
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
-                         f"pp {prof.parallel.pp}")
+                         f"pp {prof.parallel.pp} x {prof.parallel.virtual_stages} virtual stages")
     if to is Framework.torchtitan:
         typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: job config (TOML)")
         typer.echo(export.toml(export.torchtitan(plan, prof)))
