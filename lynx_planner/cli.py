@@ -842,7 +842,8 @@ def _progress_bar(description: str):
 
 
 def _layout_cells(lay) -> list[str]:
-    return [f"{lay.tp}x{lay.pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
+    pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{f' v{lay.virtual_stages}' if lay.virtual_stages > 1 else ''})"
+    return [f"{lay.tp}x{pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
             "y" if lay.sequence_parallel else "-"]
 
 
@@ -891,9 +892,23 @@ def tune_cmd(
     plot: Annotated[Optional[Path], typer.Option(
         metavar="FILE.png", help="Draw tokens/s per GPU against peak memory of every planned configuration.")]
     = None,
+    schedule: Annotated[str, typer.Option(
+        help="Pipeline schedules to search, comma-separated, or 'all' (1f1b, gpipe, interleaved-1f1b, zero-bubble; "
+             "docs/schedules.md).")] = "1f1b",
+    virtual_stages: Annotated[Optional[int], typer.Option(
+        min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
+        help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
+    from . import schedules as schedule_names
     from . import tune
+
+    names = schedule_names.NAMES if schedule.strip() == "all" else tuple(s.strip() for s in schedule.split(",")
+                                                                         if s.strip())
+    unknown = [s for s in names if s not in schedule_names.NAMES]
+    if unknown or not names:
+        raise InputError(f"--schedule: unknown schedule {unknown[0] if unknown else schedule!r} (expected 'all' or "
+                         f"some of {', '.join(schedule_names.NAMES)})")
 
     kinds = [_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
     if not kinds:
@@ -908,6 +923,8 @@ def tune_cmd(
         _check_output(plot, "--plot")
     limit = _size(memory_limit, "--memory-limit")
     if gpus is None:
+        if names != ("1f1b",) or virtual_stages is not None:
+            raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
         return _size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json)
     json_rows = []
     for hw in kinds:
@@ -917,7 +934,7 @@ def tune_cmd(
         with bar:
             result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
                                distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
-                               or not as_json)
+                               or not as_json, names=names, virtual=virtual_stages)
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:
