@@ -2,12 +2,13 @@
 
 Each pipeline rank has a compute stream that runs its schedule's work items in order (lynx_planner/schedules: 1F1B,
 GPipe, interleaved 1F1B, zero bubble; the simulator has no schedule-specific branch). A rank holds one or more virtual
-stages (chunks) of consecutive layers. An item F(c, k) or B(c, k) runs chunk c's layers for micro-batch k, each as alternating busy and idle segments: idle while the next op waits for a TP
-collective (in backward, only the part of the collective not covered by the weight-gradient GEMM). Stages exchange
-activations and gradients by point-to-point transfers (none between two chunks of one rank); a rank idles until its
-input arrives. Where the schedule splits the backward, B(c, k) computes the input gradient and W(c, k) later the
-weight gradients (half of each weight GEMM's backward), and the tensors W needs (the weight GEMMs' saved inputs and
-output gradients) stay alive until it runs.
+stages (chunks) of consecutive layers. An item F(c, k) or B(c, k) runs chunk c's layers for micro-batch k, each as
+alternating busy and idle segments: idle while the next op waits for a TP collective (in backward, only the part of
+the collective not covered by the weight-gradient GEMM). Stages exchange activations and gradients by point-to-point
+transfers (none between two chunks of one rank); a rank idles until its input arrives. Where the schedule splits the
+backward, B(c, k) computes the input gradient and W(c, k) later the weight gradients (half of each weight GEMM's
+backward); B frees nothing: the layer's graph, with its kept and recomputed tensors and the weight GEMMs' output
+gradients, lives until W ends (torch's stage_backward_input keeps the graph for the weight pass).
 
 Recomputation is one task per (micro-batch, layer). It is released where placements.py says its placement fires (the
 table the runtime reads too) and then runs on a low-priority side stream only while the compute stream is idle, at
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
-from .schema import BLOCK_INPUT, Block, LayerPolicy, Profile
+from .schema import Block, LayerPolicy, Profile
 
 EPS = 1e-15
 
@@ -43,7 +44,7 @@ class LayerRun:
     trigger: int | None = None  # local position of the layer whose backward recomputes this one (uniform chunks)
     bwd_input: tuple[float, ...] = ()  # the backward without the weight gradients (B of a split backward)
     wgrad_s: float = 0.0  # the weight gradients (W of a split backward)
-    wgrad_bytes: int = 0  # what W needs: the weight GEMMs' saved inputs and output gradients
+    wgrad_bytes: int = 0  # the weight GEMMs' output gradients, held from B to W
 
 
 @per_object
@@ -77,10 +78,9 @@ def is_weight_op(op) -> bool:
 
 @per_object
 def block_split(block: Block) -> tuple[tuple[float, ...], float, int]:
-    """(the backward as busy, idle, ... seconds without the weight gradients; the weight gradients' seconds; the bytes
-    they need) for a backward split into B and W: a weight GEMM's backward is half input gradient, half weight
-    gradient; W needs the tensors the GEMM saved and its output gradient."""
-    info = policy.analyse(block)
+    """(the backward as busy, idle, ... seconds without the weight gradients; the weight gradients' seconds; the
+    output gradients W reads) for a backward split into B and W: a weight GEMM's backward is half input gradient,
+    half weight gradient."""
     half = {op.id: op.bwd_s / 2 for op in block.ops if is_weight_op(op)}
     items = [(True, max(0.0, op.bwd_s - op.bwd_overlap_s)) if op.kind == "collective"
              else (False, op.bwd_s - half.get(op.id, 0.0)) for op in reversed(block.ops) if not op.view]
@@ -89,10 +89,7 @@ def block_split(block: Block) -> tuple[tuple[float, ...], float, int]:
         if (len(segs) % 2 == 0) != idle:
             segs.append(0.0)
         segs[-1] += dt
-    saved = {info.base.get(ref, ref) for op in block.ops if op.id in half for ref in op.saves}
-    held = sum(block.input_bytes if ref == BLOCK_INPUT else info.unit_bytes.get(ref, 0) for ref in saved)
-    grads = sum(op.out_bytes for op in block.ops if op.id in half)
-    return tuple(segs), sum(half.values()), held + grads
+    return tuple(segs), sum(half.values()), sum(op.out_bytes for op in block.ops if op.id in half)
 
 
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
@@ -309,20 +306,20 @@ class _Stage:
             elif ch.recomputes[l]:  # on demand (or a prev_forward with no forward before this backward)
                 self._log(c, k, l, placements.ON_DEMAND, action)
                 self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
-            if self.split:  # the weight gradients wait for W: what they need stays
+            if self.split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
                 self._segments(r.bwd_input, ch.bwd_input_sums[l], "B", k, r.index)
-                self.mem.append((self.t, r.wgrad_bytes - (r.kept_bytes + r.rec_bytes)))
+                self.mem.append((self.t, r.wgrad_bytes))
             else:
                 self._segments(r.bwd, ch.bwd_sums[l], "B", k, r.index)
                 self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
 
     def weight(self, c: int, k: int) -> None:
-        """W(c, k): every layer's weight gradients, top down; frees what they held."""
+        """W(c, k): every layer's weight gradients, top down; then its graph is freed."""
         for r in reversed(self.chunks[c].runs):
             self._event("compute", f"W mb{k} L{r.index}", self.t, r.wgrad_s)
             self.t += r.wgrad_s
             self.busy += r.wgrad_s
-            self.mem.append((self.t, -r.wgrad_bytes))
+            self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes)))
 
     def activation_peak(self) -> int:
         cur = peak = 0

@@ -1,5 +1,6 @@
-"""Interleaved 1F1B in torch.distributed.pipelining (2 gloo ranks x 2 chunks) under HEU and hand-made plans, and the
-refusals: a schedule that is not the plan's (issue 21.7), recomputation under zero bubble's split backward."""
+"""Interleaved 1F1B and zero bubble in torch.distributed.pipelining (2 gloo ranks x 2 chunks) under HEU and
+hand-made plans: gradients bit-identical to the run without a plan, releases where the simulator puts them; and the
+refusal of a schedule that is not the plan's (issue 21.7)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.multiprocessing as mp
 from runtime_utils import HIDDEN, SEQ, Spec, Stage, free_port, plan_from_policies, tiny_profile
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+from torch.distributed.pipelining import schedules as torch_schedules
 
 import lynx_planner
 from lynx_planner import evaluate, schedules, simulator
@@ -20,6 +22,7 @@ from lynx_planner.runtime import PlanMismatchError, attach
 from lynx_planner.solvers import solve
 
 P, V, N_MB, BATCH, PER_CHUNK = 2, 2, 4, 4, 2
+SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # both with V chunks per rank
 LAYERS = P * V * PER_CHUNK
 
 
@@ -49,7 +52,8 @@ HAND = [[Spec("selective", "prev_forward"), Spec("full", "grad_wait")],
 
 
 def hand_plan(prof):
-    plan = plan_from_policies(prof, HAND, first_layer=0, num_microbatches=N_MB, schedule="interleaved-1f1b")
+    par = prof.parallel
+    plan = plan_from_policies(prof, HAND, first_layer=0, num_microbatches=N_MB, schedule=par.schedule)
     return plan.model_copy(update={"parallel": plan.parallel.model_copy(update={"pp": P, "virtual_stages": V})})
 
 
@@ -68,10 +72,12 @@ class Chunk(nn.Module):
         x = x.transpose(0, 1).contiguous()
         for layer in self.layers.values():
             x = layer(x)
-        return x.transpose(0, 1).contiguous()
+        # a copy, never a view (a micro-batch of one is contiguous either way): zero bubble's input-gradient pass
+        # detaches the stage's outputs in place
+        return x.transpose(0, 1).clone(memory_format=torch.contiguous_format)
 
 
-def _run(model: Stage, rank: int, plan, x, y, kind=ScheduleInterleaved1F1B):
+def _run(model: Stage, rank: int, plan, x, y, kind):
     chunks = schedules.chunks_of(P, V, rank)
     modules = [Chunk(model, range(PER_CHUNK * c, PER_CHUNK * (c + 1))) for c in chunks]
     stages = [PipelineStage(m, c, P * V, torch.device("cpu")) for m, c in zip(modules, chunks)]
@@ -100,15 +106,17 @@ def _worker(rank: int, port: int, results: dict) -> None:
         torch.manual_seed(0)
         model = Stage(LAYERS, dtype=torch.float32)
         x, y = torch.randn(BATCH, SEQ, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)
-        prof = layers_profile()
-        plain, _ = _run(model, rank, None, x, y)
         out = {}
-        for name, plan in (("heu", heu_plan(prof)), ("hand", hand_plan(prof))):
-            grads, triggers = _run(model, rank, plan, x, y)
-            out[name] = {"exact": all(torch.equal(a, b) for a, b in zip(plain, grads)), "triggers": triggers}
-        try:  # issue 21.7: a plan made for 1F1B stepped by the zero-bubble schedule
-            _run(model, rank, hand_plan(prof).model_copy(update={"parallel": hand_plan(prof).parallel.model_copy(
-                update={"schedule": "1f1b"})}), x, y, kind=ScheduleInterleavedZeroBubble)
+        for schedule in SCHEDULES:
+            prof = layers_profile(schedule)
+            kind = getattr(torch_schedules, schedules.get(schedule).torch_class)
+            plain, _ = _run(model, rank, None, x, y, kind)
+            for name, plan in (("heu", heu_plan(prof)), ("hand", hand_plan(prof))):
+                grads, triggers = _run(model, rank, plan, x, y, kind)
+                out[schedule, name] = {"exact": all(torch.equal(a, b) for a, b in zip(plain, grads)),
+                                       "triggers": triggers}
+        try:  # issue 21.7: a plan made for interleaved 1F1B stepped by the zero-bubble schedule
+            _run(model, rank, hand_plan(layers_profile()), x, y, ScheduleInterleavedZeroBubble)
             out["refused"] = None
         except PlanMismatchError as e:
             out["refused"] = str(e)
@@ -126,34 +134,25 @@ EXPECTED_RANK0_PREV_FORWARD = {(0, 0): ("prev_forward", ("F", 2)), (1, 0): ("pre
                                (2, 4): ("on_demand", ("B", 2)), (3, 4): ("on_demand", ("B", 3))}
 
 
-def test_interleaved_two_ranks_two_chunks_bit_identical_and_releases_as_simulated():
+def test_two_ranks_two_chunks_bit_identical_and_releases_as_simulated():
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(free_port(), results), nprocs=2, join=True)
-    prof = layers_profile()
-    for name, plan in (("heu", heu_plan(prof)), ("hand", hand_plan(prof))):
-        simulated = simulated_releases(prof, plan)
-        assert any(p.mode != "none" for st in plan.stages for p in st.policies), name
-        for rank in (0, 1):
-            r = results[rank][name]
-            assert r["exact"], f"{name}, rank {rank}: gradients with the plan differ from the run without it"
-            assert r["triggers"] == simulated[rank], f"{name}, rank {rank}: released elsewhere than simulated"
-    hand0 = results[0]["hand"]["triggers"]
+    for schedule in SCHEDULES:
+        prof = layers_profile(schedule)
+        for name, plan in (("heu", heu_plan(prof)), ("hand", hand_plan(prof))):
+            simulated = simulated_releases(prof, plan)
+            assert any(p.mode != "none" for st in plan.stages for p in st.policies), name
+            for rank in (0, 1):
+                r = results[rank][schedule, name]
+                assert r["exact"], f"{schedule} {name}, rank {rank}: gradients differ from the run without a plan"
+                assert r["triggers"] == simulated[rank], f"{schedule} {name}, rank {rank}: released elsewhere than " \
+                    "simulated"
+    hand0 = results[0]["interleaved-1f1b", "hand"]["triggers"]
     assert {k: hand0[k] for k in EXPECTED_RANK0_PREV_FORWARD} == EXPECTED_RANK0_PREV_FORWARD
     for rank in (0, 1):
         refused = results[rank]["refused"]
-        assert refused is not None and "ScheduleInterleavedZeroBubble" in refused and "'1f1b'" in refused, refused
-
-
-def test_zero_bubble_plan_with_recomputation_is_refused_at_apply_plan():
-    prof = layers_profile("zero-bubble", v=1)
-    plan = plan_from_policies(prof, [HAND[0] + HAND[1], HAND[2] + HAND[3]], first_layer=0, num_microbatches=N_MB,
-                              schedule="zero-bubble")
-    model = Stage(LAYERS, dtype=torch.float32)
-    with pytest.raises(PlanMismatchError, match="two passes.*interleaved-1f1b"):
-        lynx_planner.apply_plan(Chunk(model, range(0, 4)), plan, stage=0)
-    keep_all = plan_from_policies(prof, [[Spec("none")] * 4] * 2, first_layer=0, num_microbatches=N_MB,
-                                  schedule="zero-bubble")
-    lynx_planner.apply_plan(Chunk(model, range(0, 4)), keep_all, stage=0)  # nothing recomputed: nothing to refuse
+        assert refused is not None and "ScheduleInterleavedZeroBubble" in refused and "'interleaved-1f1b'" in \
+            refused, refused
 
 
 def test_attach_refuses_a_stage_numbered_for_another_pipeline():

@@ -100,9 +100,9 @@ def test_zero_bubble_timeline_and_deferred_weight_memory_by_hand():
     zb = simulate(profile("zero-bubble", 1))
     assert zb.iteration_time_s == 18.0
     assert simulate(profile("1f1b", 1)).iteration_time_s == (4 + 1) * 4.0
-    # B frees nothing here (W needs the mm's input, 100 B, and its output gradient, 1000 B): rank 1 holds two
-    # micro-batches (B1 done, W0 not yet), twice 1F1B's last stage
-    assert [s.activation_bytes for s in zb.stages] == [2 * 1100, 2 * 1100]
+    # B frees nothing and adds the mm's output gradient (1000 B) until W: rank 1 holds F0 B0 F1 B1 (2 x 1100 +
+    # 2 x 1000) before W0; rank 0 at most F(k + 1), F(k + 2) and B(k + 1)'s gradient: 2 x 1100 + 1000
+    assert [s.activation_bytes for s in zb.stages] == [2 * 1100 + 1000, 2 * 1100 + 2 * 1000]
     assert simulate(profile("1f1b", 1)).stages[1].activation_bytes == 1100
 
 

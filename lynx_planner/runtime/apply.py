@@ -70,6 +70,9 @@ class LynxRuntime:
         self._stream = None
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
+        from .. import schedules
+
+        self.split_backward = schedules.get(parallel.schedule).splits_backward  # zero bubble: B then W
         for position, layer in enumerate(layers):
             layer.module.forward = self._wrapped_forward(position, layer.module.forward)
 
@@ -86,6 +89,7 @@ class LynxRuntime:
             if self.precision is not None and layer.module.training and not layer.checked:
                 check_autocast(self.precision[1], layer.path, layer.module)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
+            region.unpacked_twice = self.split_backward
             out = region.forward(*args, **kwargs)
             if layer.module.training and not layer.checked:
                 self._check_ops(layer, region.op_ids)
@@ -162,7 +166,6 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
         plan = load_model(plan, Plan)
     stage_plan = select_stage(plan, stage)
     policies = layer_policies(stage_plan)
-    refuse_split_backward(plan, stage_plan.stage, policies)
     modules = resolve_layers(module, stage_plan)
     for path, layer_module in zip(stage_plan.layer_names, modules):
         if layer_module in _RUNTIME_OF_LAYER:
@@ -176,22 +179,6 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     for layer in layers:
         _RUNTIME_OF_LAYER[layer.module] = runtime
     return module
-
-
-def refuse_split_backward(plan: Plan, stage: int, policies: list[LayerPolicy]) -> None:
-    """Schedules that split the backward into input and weight gradients (zero bubble) unpack a layer's saved tensors
-    in two passes, which a recomputed region does not support yet: refuse before training rather than fail at the
-    first weight gradient (and leave the other ranks waiting)."""
-    from .. import schedules
-
-    spec = schedules.get(plan.parallel.schedule)
-    recomputed = [p for p in policies if p.mode != "none"]
-    if spec.splits_backward and recomputed:
-        raise PlanMismatchError(
-            f"stage {stage}: the plan is for the {plan.parallel.schedule!r} schedule ({spec.torch_class}), whose "
-            f"backward runs in two passes (input gradient, then weight gradient); lynx cannot apply recomputation "
-            f"under it yet (layers {list(recomputed[0].layers)} recompute). Plan for interleaved-1f1b or 1f1b "
-            "(lynx profile --schedule ...), or run this schedule without recomputation (--algo none)")
 
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -32,21 +32,33 @@ from .errors import PlanMismatchError
 _pending: list[tuple[LynxRuntime, int]] = []  # grad_wait recomputations whose gradient receive is being posted
 
 
-def _run_pending() -> None:
-    while _pending:
-        runtime, micro_batch = _pending.pop(0)
-        runtime.trigger(micro_batch, "grad_wait")
+def _run_pending(only: tuple[int, int] | None = None) -> None:
+    """Release the pending grad_wait recomputations (`only`: those of one (virtual stage, micro-batch))."""
+    for entry in list(_pending):
+        runtime, micro_batch = entry
+        if only is None or (runtime.stage, micro_batch) == only:
+            _pending.remove(entry)
+            runtime.action = ("B", micro_batch)  # a forward of the chunk may have run since the receive was posted
+            runtime.trigger(micro_batch, "grad_wait")
 
 
 # --- the one private hook -------------------------------------------------------------------------------------------
 # Schedule1F1B and ScheduleGPipe post the gradient receive with `schedules._batch_p2p` and then block in
 # `schedules._wait_batch_p2p(works)`, a module global looked up at call time. Wrapping it runs the pending
-# recomputations while the receive is in flight.
+# recomputations while the receive is in flight. Schedules with several stages per rank (_PipelineScheduleRuntime)
+# post receives ahead and wait right before the action that needs them, the `action` of the calling frame: only a
+# backward's wait releases, and only that (stage, micro-batch)'s recomputations.
 _ORIGINAL_WAIT = schedules._wait_batch_p2p
+_BACKWARDS = (schedules._ComputationType.FULL_BACKWARD, schedules._ComputationType.BACKWARD_INPUT)
 
 
 def _wait_batch_p2p(work: list) -> None:
-    _run_pending()
+    action = sys._getframe(1).f_locals.get("action")
+    kind = getattr(action, "computation_type", None)
+    if kind is None:
+        _run_pending()
+    elif kind in _BACKWARDS:
+        _run_pending((action.stage_index, action.microbatch_index))
     _ORIGINAL_WAIT(work)
 
 
