@@ -49,15 +49,18 @@ def main() -> None:
             rows.append(("heu", heu.evaluation, time.process_time() - t0))
         except Infeasible as e:
             rows.append(("heu", None, str(e)))
-        megatron = []
+        megatron, least = [], None
         for algo in MEGATRON:
             try:
                 megatron.append((algo, solve(prof, algo, limit).evaluation))
-            except Infeasible:
-                pass
+            except Infeasible as e:
+                least = min(least or e.needed, e.needed)
         if megatron:
             algo, best = min(megatron, key=lambda x: x[1].predicted.iteration_time_s)
             rows.append((f"megatron {algo}", best, None))
+        else:
+            rows.append(("megatron", None, f"none of {', '.join(MEGATRON)} fits (the least needs "
+                                          f"{least / 2**30:.2f} GiB)"))
         for label, e, cpu in rows:
             if e is None:
                 print(f"{name:<18}{v:>2}  {label:<18}{'-':>8}  {cpu}")

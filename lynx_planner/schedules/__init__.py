@@ -72,6 +72,18 @@ def order(name: str, p: int, v: int, rank: int, m: int) -> tuple[Item, ...]:
 
 
 @lru_cache(maxsize=4096)
+def awaiting_weight_pass(name: str, p: int, v: int, chunk: int, m: int) -> int:
+    """The most micro-batches whose B chunk has run and whose W has not (0 unless the backward is split): their graphs,
+    kept and recomputed tensors included, are held meanwhile."""
+    held = most = 0
+    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
+        if c == chunk:
+            held += {"B": 1, "W": -1}.get(kind, 0) if SCHEDULES[name].splits_backward else 0
+            most = max(most, held)
+    return most
+
+
+@lru_cache(maxsize=4096)
 def in_flight(name: str, p: int, v: int, chunk: int, m: int) -> int:
     """The most micro-batches whose forward chunk has run and whose backward (B) has not: those whose activations it
     holds at once."""

@@ -72,9 +72,10 @@ def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: 
             e = exposure(slot, c, at)
             if e is not None and (best is None or e < best[1]):
                 best = (at, e)
-        points.append((model.in_flight * c.kept_bytes, best[1], best[0], c))
+        held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
+        points.append((held, best[1], best[0], c))
         if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
-            points.append((model.in_flight * c.kept_bytes + c.rec_bytes, pool_price * c.rec_s, "pool", c))
+            points.append((held + c.rec_bytes, pool_price * c.rec_s, "pool", c))
     frontier: list[Option] = []
     for mem, e, at, c in sorted(points, key=lambda x: (x[0], x[1])):
         if not frontier or e < frontier[-1].exposed_s - 1e-15:
@@ -109,7 +110,7 @@ class HullCache:
 def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
     """(frontier, hull) of the class of slot j."""
     slot = model.slots[j]
-    key = (slot.block, model.in_flight, round(slot.above_s, 12), slot.top)
+    key = (slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top)
     if key not in cache.table:
         frontier = _options(model, slot, candidates_of(profile, slot.block), cache.placements, cache.pool_price)
         cache.table[key] = (frontier, _hull(frontier))

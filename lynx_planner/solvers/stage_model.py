@@ -44,6 +44,7 @@ class StageModel:
     pools: tuple[str, ...] = ("grad_wait", "prev_forward")  # the pooled placements that fire on this stage
     prev_forward_share: float = 1.0  # the micro-batches whose prev_forward fires (the others' run on demand)
     send_s: float = 0.0  # the transfer of the stage's output (and of its gradient back)
+    awaiting_w: int = 0  # micro-batches whose graph (kept and recomputed tensors) waits for W (split backward)
 
 
 def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
@@ -67,6 +68,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
     return StageModel(
         stage=s, first=first, end=end,
         in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
+        awaiting_w=schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches),
         budget=memory_limit - static_bytes(profile, first, end),
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
         grad_wait_s=grad_wait_s,
