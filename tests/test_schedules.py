@@ -142,3 +142,49 @@ def test_default_virtual_stages_leave_the_json_unchanged():
     assert "virtual_stages" not in ParallelConfig(pp=2).model_dump_json()
     assert '"virtual_stages":2' in ParallelConfig(pp=2, schedule="interleaved-1f1b", virtual_stages=2,
                                                   num_microbatches=4).model_dump_json()
+
+
+def test_awaiting_weight_pass_counts_deferred_ws():
+    # zero bubble, p 2, m 4: rank 1 runs B0 B1 before W0; rank 0 each B's W right after it
+    assert schedules.awaiting_weight_pass("zero-bubble", 2, 1, 1, 4) == 2
+    assert schedules.awaiting_weight_pass("zero-bubble", 2, 1, 0, 4) == 1
+    assert schedules.awaiting_weight_pass("interleaved-1f1b", 2, 2, 0, 4) == 0
+
+
+def test_chunk_limits_share_each_ranks_memory():
+    from lynx_planner.solvers.stage_model import chunk_limits
+
+    prof = profile("interleaved-1f1b", 2, per_chunk=2)
+    prof = prof.model_copy(update={"layers": [l.model_copy(update={"static_bytes": 10 * (i + 1)})
+                                              for i, l in enumerate(prof.layers)], "extra_static_bytes": 7})
+    bounds = [0, 2, 4, 6, 8]
+    limits = chunk_limits(prof, bounds, 10_000)
+    static = [ev.static_bytes(prof, bounds[c], bounds[c + 1]) for c in range(4)]
+    for rank in (0, 1):
+        mine = [rank, rank + 2]
+        free = 10_000 - 7 - sum(static[c] - 7 for c in mine)
+        budgets = [limits[c] - static[c] for c in mine]  # what each chunk's stage model may spend
+        assert free - 2 <= sum(budgets) <= free
+    # rank 0's chunk 0 holds 4 micro-batches, chunk 2 two: twice the share
+    assert abs((limits[0] - static[0]) - 2 * (limits[2] - static[2])) <= 2
+    assert chunk_limits(profile("1f1b", 1, per_chunk=2), [0, 2, 4], 123) == [123, 123]
+
+
+def test_megatron_export_names_the_virtual_stages():
+    from lynx_planner import export
+    from lynx_planner.solvers.partition import even_bounds
+
+    prof = profile("interleaved-1f1b", 2, per_chunk=3)
+    assert export.virtual_flags(prof, even_bounds(prof, 4)) == ["--num-layers-per-virtual-pipeline-stage 3"]
+    uneven = export.virtual_flags(prof, [0, 2, 5, 8, 12])
+    assert uneven == ['--pipeline-model-parallel-layout "t*2|t*3|t*3|t*4"']
+
+
+def test_tune_tries_virtual_stages_where_layers_split_evenly():
+    from lynx_planner.tune import pipeline_schedules
+
+    got = pipeline_schedules(("1f1b", "interleaved-1f1b", "zero-bubble"), 2, 8, 24)
+    assert ("1f1b", 1) in got and ("zero-bubble", 1) in got
+    assert {v for s, v in got if s == "interleaved-1f1b"} == {2, 3, 4, 6}  # 2 x 8 does not divide 24
+    assert pipeline_schedules(("interleaved-1f1b",), 1, 8, 24) == []  # one rank: nothing to interleave
+    assert pipeline_schedules(("interleaved-1f1b",), 2, 8, 24, virtual=3) == [("interleaved-1f1b", 3)]
