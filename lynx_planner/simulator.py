@@ -333,6 +333,11 @@ def boundary_bytes(profile: Profile, layer: int) -> int:
     return profile.blocks[profile.layers[layer].block].output_bytes
 
 
+def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
+    """(chunk, micro-batch) -> position of its backward in the rank's order: the side stream serves the earliest."""
+    return {(c, k): i for i, (kind, c, k) in enumerate(order) if kind == "B"}
+
+
 def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False) -> SimResult:
     """Simulate one iteration; `stage_layers[c]` are the layers of virtual stage c in order (pp x virtual_stages of
     them; rank c % pp runs chunk c)."""
@@ -346,9 +351,8 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     orders = [schedules.order(par.schedule, p, v, r, m) for r in range(p)]
     stages = []
     for r in range(p):
-        deadline = {(c, k): i for i, (kind, c, k) in enumerate(orders[r]) if kind == "B"}
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
-                             deadline, split))
+                             backward_deadlines(orders[r]), split))
     bus = costs.link(hw, par.tp * p)
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else

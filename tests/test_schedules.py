@@ -188,3 +188,40 @@ def test_tune_tries_virtual_stages_where_layers_split_evenly():
     assert {v for s, v in got if s == "interleaved-1f1b"} == {2, 3, 4, 6}  # 2 x 8 does not divide 24
     assert pipeline_schedules(("interleaved-1f1b",), 1, 8, 24) == []  # one rank: nothing to interleave
     assert pipeline_schedules(("interleaved-1f1b",), 2, 8, 24, virtual=3) == [("interleaved-1f1b", 3)]
+
+
+def test_zero_bubble_holds_recomputed_tensors_until_w():
+    from test_simulator import recompute_mm
+
+    prof = profile("zero-bubble", 1)
+    got = simulate(prof, recompute_mm(prof, "on_demand"))
+    # keeps the input (100 B); mm's output (1000 B) is regenerated at B and, with mm's output gradient (1000 B),
+    # held until W: rank 1 peaks at F0 B0 F1 B1 = 2 x (100 + 1000 + 1000), as without recomputation; rank 0 at
+    # F(k + 1) F(k + 2)'s inputs and one B's 2000 B
+    assert [s.activation_bytes for s in got.stages] == [2 * 100 + 2000, 2 * (100 + 1000 + 1000)]
+
+
+def test_recomputations_are_served_earliest_backward_first():
+    from lynx_planner.simulator import LayerRun, _Stage, backward_deadlines
+
+    run = LayerRun(0, (1.0,), (1.0,), 0, 10, 1.0, "grad_wait")
+    # rank 0 of interleaved p 2, v 2: B(2, 0) comes before B(0, 0) in its order
+    st = _Stage(0, {0: [run], 2: [run]}, 1.0, None, backward_deadlines(schedules.order("interleaved-1f1b", 2, 2, 0, 4)),
+                False)
+    st.release(0, 0, 0, "grad_wait", ("B", 0))
+    st.release(2, 0, 0, "grad_wait", ("B", 0))
+    st.release(2, 1, 0, "grad_wait", ("B", 1))
+    assert [(t.chunk, t.mb) for t in st.queue] == [(2, 0), (2, 1), (0, 0)]
+
+
+def test_check_reports_another_virtual_stage_count():
+    prof = profile("interleaved-1f1b", 2)
+    n = len(prof.layers)
+    stages = ev.stage_plans(prof, [c * n // 4 for c in range(5)], [ev.none_policy(prof, i) for i in range(n)])
+    from lynx_planner.schema import SolverInfo
+
+    plan = ev.make_plan(prof, "p.json", "0" * 64, "none", 1 << 40, stages,
+                        SolverInfo(name="none", status="heuristic", search_time_s=0.0))
+    assert ev.check(plan, prof) == []
+    assert any("virtual_stages" in p for p in ev.check(plan.model_copy(update={"parallel": plan.parallel.model_copy(
+        update={"virtual_stages": 1})}), prof))
