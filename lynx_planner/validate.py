@@ -66,6 +66,9 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
         bwd += sum(sum(r.bwd[0::2]) for r in runs)
         kept += sum(r.kept_bytes for r in runs) * simulator.in_flight(par.schedule, par.pp, c, m, par.virtual_stages)
+        # a split backward (zero bubble) also holds the graphs whose W has not run
+        kept += sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) * schedules.awaiting_weight_pass(
+            par.schedule, par.pp, par.virtual_stages, c, m)
     pred = plan.predicted.stages[stage]
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
@@ -183,6 +186,17 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                         times["wall"] += time.perf_counter() - w0
 
                 stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+                weight = stage.backward_weight_one_chunk
+
+                def backward_weight_one_chunk(*a, **k):  # zero bubble's W: part of the backward
+                    t0, w0 = clock(), time.perf_counter()
+                    try:
+                        return weight(*a, **k)
+                    finally:
+                        times["bwd"] += clock() - t0
+                        times["wall"] += time.perf_counter() - w0
+
+                stage.backward_weight_one_chunk = backward_weight_one_chunk
 
             for stage in stages:
                 wrap(stage)
