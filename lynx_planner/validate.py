@@ -162,41 +162,26 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             target = torch.zeros(par.num_microbatches * profile_par.micro_batch_size)
             times = {"fwd": 0.0, "bwd": 0.0, "wall": 0.0}
 
-            def wrap(stage, times=times):
-                fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
-
-                def forward_one_chunk(*a, **k):
-                    t0, w0 = clock(), time.perf_counter()
-                    try:
-                        return fwd(*a, **k)
-                    finally:
-                        times["fwd"] += clock() - t0
-                        times["wall"] += time.perf_counter() - w0
-
-                def backward_one_chunk(*a, **k):
-                    if tracker[0] is not None:
+            def timed(fn, key: str, times=times, backward: bool = False):
+                """fn, its CPU and wall time added to times[key]; a backward also marks it and samples held bytes."""
+                def run(*a, **k):
+                    if backward and tracker[0] is not None:
                         held_at_backward[0] = max(held_at_backward[0], tracker[0].live)
-                    in_backward[0] = True
+                    in_backward[0] = backward
                     t0, w0 = clock(), time.perf_counter()
                     try:
-                        return bwd(*a, **k)
+                        return fn(*a, **k)
                     finally:
                         in_backward[0] = False
-                        times["bwd"] += clock() - t0
+                        times[key] += clock() - t0
                         times["wall"] += time.perf_counter() - w0
+                return run
 
-                stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
-                weight = stage.backward_weight_one_chunk
-
-                def backward_weight_one_chunk(*a, **k):  # zero bubble's W: part of the backward
-                    t0, w0 = clock(), time.perf_counter()
-                    try:
-                        return weight(*a, **k)
-                    finally:
-                        times["bwd"] += clock() - t0
-                        times["wall"] += time.perf_counter() - w0
-
-                stage.backward_weight_one_chunk = backward_weight_one_chunk
+            def wrap(stage):
+                stage.forward_one_chunk = timed(stage.forward_one_chunk, "fwd")
+                stage.backward_one_chunk = timed(stage.backward_one_chunk, "bwd", backward=True)
+                # zero bubble's W: part of the backward's time
+                stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "bwd")
 
             for stage in stages:
                 wrap(stage)
