@@ -171,7 +171,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
         flags.append("--overlap-grad-reduce")
         if par.distributed_optimizer:
             flags.append("--use-distributed-optimizer")
-    flags.append("--bf16")  # the profile's 2-byte activations and mixed-precision Adam
+    flags += precision_flags(profile)
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
     flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)
@@ -185,6 +185,14 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
                      + ("interleaved 1F1B" if par.virtual_stages > 1 else "1F1B")
                      + ", whose bubbles and memory differ from the plan's (its times above are simulated as planned)")
     return MegatronExport(flags, best, choices, notes, plan.predicted.iteration_time_s)
+
+
+def precision_flags(profile: Profile) -> list[str]:
+    """Megatron's precision flag for the profile's training precision: bf16 or fp16 weights, or autocast to one of
+    them over fp32 weights (Megatron's mixed precision: fp32 main weights in the optimizer), is --bf16 / --fp16;
+    an analytic profile is bf16; plain fp32 training is Megatron's default, no flag."""
+    half = profile.autocast or (profile.dtype if profile.dtype else "bf16")
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(half, [])
 
 
 def _catalog_name(name: str) -> list[str]:

@@ -220,7 +220,7 @@ def test_check_reports_another_virtual_stage_count():
     stages = ev.stage_plans(prof, [c * n // 4 for c in range(5)], [ev.none_policy(prof, i) for i in range(n)])
     from lynx_planner.schema import SolverInfo
 
-    plan = ev.make_plan(prof, "p.json", "0" * 64, "none", 1 << 40, stages,
+    plan = ev.make_plan(prof, "p.json", "0" * 64, "none", prof.hardware.memory_bytes, stages,
                         SolverInfo(name="none", status="heuristic", search_time_s=0.0))
     assert ev.check(plan, prof) == []
     assert any("virtual_stages" in p for p in ev.check(plan.model_copy(update={"parallel": plan.parallel.model_copy(
