@@ -430,7 +430,7 @@ def _profile_summary(profile: Profile, path: Path) -> None:
               f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
-              f"{profile.attention} attention, dropout {profile.dropout}")
+              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
 
