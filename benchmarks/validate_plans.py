@@ -35,6 +35,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--fraction", type=float, default=0.3, help="HEU's limit between full's and none's peaks")
+    parser.add_argument("--schedule", default="1f1b", help="pipeline schedule (docs/schedules.md)")
+    parser.add_argument("--virtual-stages", type=int, default=1, help="chunks per rank (interleaved-1f1b: >= 2)")
+    parser.add_argument("--algos", default="none,full,heu", help="plans to run (zero-bubble: none only)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -43,7 +46,8 @@ def main() -> None:
         write_atomic(hw_path, dumps(calibrate(threads=1)))
     hw = load_model(hw_path, Hardware)
     torch.set_num_threads(1)  # as each pipeline process runs
-    par = ParallelConfig(pp=2, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, num_microbatches=4)
+    par = ParallelConfig(pp=2, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, num_microbatches=4,
+                         schedule=args.schedule, virtual_stages=args.virtual_stages)
     profile = profile_model_file(str(MODEL), parallel=par, hardware=hw, method="measure", progress=False)
     profile_path = args.out / "profile.json"
     write_atomic(profile_path, dumps(profile))
@@ -52,7 +56,7 @@ def main() -> None:
     none = solvers.solve(profile, "none", 1 << 60).evaluation.peak_bytes
     limit = int(full + args.fraction * (none - full))
     paths = []
-    for algo in ("none", "full", "heu"):
+    for algo in args.algos.split(","):
         plan = solvers.plan(profile, "profile.json", sha, algo, limit if algo == "heu" else 1 << 60)
         path = args.out / f"{algo}.json"
         write_atomic(path, dumps(plan))

@@ -360,9 +360,11 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class Schedule(str, Enum):
+class Schedule(str, Enum):  # lynx_planner/schedules
     one_f_one_b = "1f1b"
     gpipe = "gpipe"
+    interleaved_1f1b = "interleaved-1f1b"
+    zero_bubble = "zero-bubble"
 
 
 class Partition(str, Enum):
@@ -425,7 +427,13 @@ def profile_cmd(
         min=1, show_default="torch's default", help="--method measure: CPU threads of the measured runs.")] = None,
     repeats: Annotated[Optional[int], typer.Option(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
-    schedule: Annotated[Schedule, typer.Option(help="Pipeline schedule.")] = Schedule.one_f_one_b,
+    schedule: Annotated[Schedule, typer.Option(
+        help="Pipeline schedule: 1f1b, gpipe, interleaved-1f1b (virtual stages, Megatron's interleaved order; needs "
+             "--virtual-stages >= 2), zero-bubble (torch's ScheduleInterleavedZeroBubble, ZB1P: backward split into "
+             "input and weight gradients; docs/schedules.md).")] = Schedule.one_f_one_b,
+    virtual_stages: Annotated[int, typer.Option(
+        min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
+                    "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
     ] = DISTRIBUTED_OPTIMIZER,
@@ -451,7 +459,7 @@ def profile_cmd(
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
                              schedule=schedule.value, distributed_optimizer=distributed_optimizer,
                              overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                             tp_comm_overlap=tp_comm_overlap)
+                             tp_comm_overlap=tp_comm_overlap, virtual_stages=virtual_stages)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
@@ -501,7 +509,8 @@ def _profile_summary(profile: Profile, path: Path) -> None:
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
               f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
-              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, "
+              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
+              f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
               f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
@@ -586,8 +595,10 @@ def _plan_summary(plan: Plan, path: Path) -> None:
     for col in ("stage", "layers", f"peak\n{unit}", f"static\n{unit}", f"activations\n{unit}", "recompute\nexposed",
                 "recompute\nhidden"):
         table.add_column(col, justify="right", no_wrap=True)
-    for st, pr in zip(plan.stages, pred.stages):
-        table.add_row(str(st.stage), f"{st.layers[0]}-{st.layers[1] - 1}", _in(pr.peak_memory_bytes, size),
+    pp = plan.parallel.pp
+    for pr in pred.stages:  # per rank; interleaved: its chunks' layers
+        layers = ", ".join(f"{st.layers[0]}-{st.layers[1] - 1}" for st in plan.stages if st.stage % pp == pr.stage)
+        table.add_row(str(pr.stage), layers, _in(pr.peak_memory_bytes, size),
                       _in(pr.static_bytes, size), _in(pr.activation_bytes, size),
                       _ms(pr.exposed_recompute_s), _ms(pr.hidden_recompute_s))
     out.print(table)
@@ -783,9 +794,9 @@ def simulate_cmd(
     prof = _load_profile(prof_path)
     if file_sha256(prof_path) != plan.profile_sha256:
         err.print(f"warning: {prof_path} is not the profile the plan was made for (sha256 differs)")
-    if len(plan.stages) != prof.parallel.pp:
+    if len(plan.stages) != prof.parallel.pp * prof.parallel.virtual_stages:
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
-                         f"pp {prof.parallel.pp}")
+                         f"pp {prof.parallel.pp} x {prof.parallel.virtual_stages} virtual stages")
     from .evaluate import structure_problems
 
     broken = structure_problems(plan, prof)  # cheap, and bounds every layer range before the simulator expands it
@@ -797,7 +808,7 @@ def simulate_cmd(
         raise InputError(f"{plan_path}: the plan does not fit the profile {prof_path} ({type(e).__name__}: {e}); "
                          "run `lynx check`") from None
     if trace is not None:
-        write_atomic(trace, dumps_json(chrome_trace(ev.sim.trace, len(plan.stages)), str(trace)))
+        write_atomic(trace, dumps_json(chrome_trace(ev.sim.trace, prof.parallel.pp), str(trace)))
     if plot is not None:
         from .plot import timeline
 
@@ -1021,7 +1032,8 @@ def _progress_bar(description: str):
 
 
 def _layout_cells(lay) -> list[str]:
-    return [f"{lay.tp}x{lay.pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
+    pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{f' v{lay.virtual_stages}' if lay.virtual_stages > 1 else ''})"
+    return [f"{lay.tp}x{pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
             "y" if lay.sequence_parallel else "-"]
 
 
@@ -1071,9 +1083,23 @@ def tune_cmd(
     plot: Annotated[Optional[Path], typer.Option(
         metavar="FILE.png", help="Draw tokens/s per GPU against peak memory of every planned configuration.")]
     = None,
+    schedule: Annotated[str, typer.Option(
+        help="Pipeline schedules to search, comma-separated, or 'all' (1f1b, gpipe, interleaved-1f1b, zero-bubble; "
+             "docs/schedules.md).")] = "1f1b",
+    virtual_stages: Annotated[Optional[int], typer.Option(
+        min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
+        help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
+    from . import schedules as schedule_names
     from . import tune
+
+    names = schedule_names.NAMES if schedule.strip() == "all" else tuple(s.strip() for s in schedule.split(",")
+                                                                         if s.strip())
+    unknown = [s for s in names if s not in schedule_names.NAMES]
+    if unknown or not names:
+        raise InputError(f"--schedule: unknown schedule {unknown[0] if unknown else schedule!r} (expected 'all' or "
+                         f"some of {', '.join(schedule_names.NAMES)})")
 
     kinds = [_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
     if not kinds:
@@ -1088,6 +1114,8 @@ def tune_cmd(
         _check_output(plot, "--plot")
     limit = _size(memory_limit, "--memory-limit")
     if gpus is None:
+        if names != ("1f1b",) or virtual_stages is not None:
+            raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
         return _size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json)
     json_rows = []
     for hw in kinds:
@@ -1097,7 +1125,7 @@ def tune_cmd(
         with bar:
             result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
                                distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
-                               or not as_json)
+                               or not as_json, names=names, virtual=virtual_stages)
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:

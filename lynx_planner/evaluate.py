@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import placements, policy, simulator
+from . import placements, policy, schedules, simulator
 from .memo import per_object
 from .schema import LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
 
 
 def static_bytes(profile: Profile, first: int, end: int) -> int:
     return profile.extra_static_bytes + sum(l.static_bytes for l in profile.layers[first:end])
+
+
+def rank_static_bytes(profile: Profile, stages: list[StagePlan], rank: int) -> int:
+    """Static bytes of one rank: its chunks' layers and the per-rank buffers once."""
+    p = profile.parallel.pp
+    return profile.extra_static_bytes + sum(l.static_bytes for st in stages if schedules.rank_of(p, st.stage) == rank
+                                            for l in profile.layers[st.layers[0]:st.layers[1]])
 
 
 def none_policy(profile: Profile, i: int) -> LayerPolicy:
@@ -86,9 +93,9 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ide
     bounds = [st.layers[0] for st in stages] + [stages[-1].layers[1]]
     ideal_s = ideal_time(profile, bounds) if ideal else float("nan")
     preds = []
-    for st, r in zip(stages, sim.stages):
-        static = static_bytes(profile, *st.layers)
-        preds.append(StagePrediction(stage=st.stage, peak_memory_bytes=static + r.activation_peak_bytes,
+    for rank, r in enumerate(sim.stages):  # per rank: the device its chunks share
+        static = rank_static_bytes(profile, stages, rank)
+        preds.append(StagePrediction(stage=rank, peak_memory_bytes=static + r.activation_peak_bytes,
                                      static_bytes=static, activation_bytes=r.activation_peak_bytes,
                                      busy_time_s=r.busy_s, exposed_recompute_s=r.exposed_s,
                                      hidden_recompute_s=r.hidden_s))
@@ -123,7 +130,7 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
     par = profile.parallel
     return Plan(algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
-                                      schedule=par.schedule),
+                                      schedule=par.schedule, virtual_stages=par.virtual_stages),
                 stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast)
 
 
@@ -201,7 +208,7 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         out.append(f"memory_limit_bytes {plan.memory_limit_bytes} exceeds the device's memory "
                    f"{profile.hardware.memory_bytes} B ({profile.hardware.name})")
     par = profile.parallel
-    for field in ("tp", "pp", "dp", "num_microbatches", "schedule"):
+    for field in ("tp", "pp", "dp", "num_microbatches", "schedule", "virtual_stages"):
         mine, theirs = getattr(plan.parallel, field), getattr(par, field)
         if mine != theirs:
             out.append(f"parallel.{field} {mine!r} differs from the profile's {theirs!r}")
@@ -221,8 +228,11 @@ def _check_structure(plan: Plan, profile: Profile) -> list[str]:
     """Stages numbered 0..pp-1 in order, covering every layer once, with the profile's layer names and legal
     policies."""
     problems: list[str] = []
-    if len(plan.stages) != profile.parallel.pp:
-        problems.append(f"plan has {len(plan.stages)} stages, the profile's pipeline has {profile.parallel.pp}")
+    chunks = profile.parallel.pp * profile.parallel.virtual_stages
+    if len(plan.stages) != chunks:
+        problems.append(f"plan has {len(plan.stages)} stages, the profile's pipeline has {chunks}"
+                        + (f" (pp {profile.parallel.pp} x {profile.parallel.virtual_stages} virtual stages)"
+                           if chunks != profile.parallel.pp else ""))
     expected = 0
     for s, st in enumerate(plan.stages):
         if st.stage != s:
@@ -315,7 +325,7 @@ def _check_placements(plan: Plan, profile: Profile) -> list[str]:
     """Placements that never fire on their stage (placements.py): the simulator and the runtime run them on demand."""
     par, out = profile.parallel, []
     for st in plan.stages:
-        legal = placements.legal_placements(par.schedule, len(plan.stages), st.stage, par.num_microbatches)
+        legal = placements.legal_placements(par.schedule, par.pp, st.stage, par.num_microbatches, par.virtual_stages)
         for p in st.policies:
             if p.recompute and p.at not in legal:
                 out.append(f"stage {st.stage} layers {list(p.layers)}: placement {p.at} never fires on this stage "

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import evaluate as ev
+from . import schedules
 from .schema import Plan, Profile
 
 MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
@@ -75,6 +76,27 @@ def split_flags(profile: Profile, bounds: list[int]) -> list[str]:
         return flags
     if p == 2 and min(counts) > 0:
         return [f"--decoder-first-pipeline-num-layers {counts[0]}"]
+    return layout_flag(profile, bounds)
+
+
+def virtual_flags(profile: Profile, bounds: list[int]) -> list[str]:
+    """Megatron's flags for a split into virtual stages (interleaved): the layers per virtual stage where the split is
+    its own even one (the embedding and loss outside the count), else the layout string of all p x v stages (from
+    which Megatron derives the virtual pipeline size; it accepts only one of the two)."""
+    from .solvers.partition import even_bounds
+
+    rep = _repeated(profile)
+    counts = {sum(profile.layers[i].block == rep for i in range(bounds[c], bounds[c + 1]))
+              for c in range(len(bounds) - 1)}
+    if bounds == even_bounds(profile, len(bounds) - 1) and len(counts) == 1 and min(counts) > 0:
+        return [f"--num-layers-per-virtual-pipeline-stage {counts.pop()}"]
+    return layout_flag(profile, bounds)
+
+
+def layout_flag(profile: Profile, bounds: list[int]) -> list[str]:
+    """`--pipeline-model-parallel-layout`: each (virtual) stage's layers, E embedding, t transformer layer, L loss."""
+    rep = _repeated(profile)
+    p = len(bounds) - 1
     stages = []
     for s in range(p):
         parts = []
@@ -164,11 +186,17 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     flags += precision_flags(profile)
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
-    flags += split_flags(profile, bounds)
+    flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)
     choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
-    return MegatronExport(flags, best, choices, _not_expressible(plan, profile), plan.predicted.iteration_time_s)
+    notes = _not_expressible(plan, profile)
+    if schedules.get(par.schedule).splits_backward:
+        notes.append(f"the plan is for the {par.schedule} schedule ({schedules.get(par.schedule).torch_class}); "
+                     "Megatron-LM has no zero-bubble schedule: these flags run "
+                     + ("interleaved 1F1B" if par.virtual_stages > 1 else "1F1B")
+                     + ", whose bubbles and memory differ from the plan's (its times above are simulated as planned)")
+    return MegatronExport(flags, best, choices, notes, plan.predicted.iteration_time_s)
 
 
 def precision_flags(profile: Profile) -> list[str]:
@@ -191,7 +219,7 @@ def torchtitan(plan: Plan, profile: Profile) -> dict[str, dict]:
     parts = [[n for name in st.layer_names for n in (_catalog_name(name) if catalog else [name])]
              for st in plan.stages]
     parallelism = {"tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
-                   "pipeline_parallel_schedule": "GPipe" if par.schedule == "gpipe" else "1F1B",
+                   "pipeline_parallel_schedule": schedules.get(par.schedule).torchtitan,
                    "pipeline_parallel_microbatch_size": par.micro_batch_size}
     if par.distributed_optimizer:
         parallelism["data_parallel_shard_degree"] = par.dp

@@ -25,6 +25,9 @@ BLOCK_INPUT = "input"
 Placement = Literal["on_demand", "layer_above", "grad_wait", "prev_forward"]
 PLACEMENTS: tuple[str, ...] = ("on_demand", "layer_above", "grad_wait", "prev_forward")
 
+# Pipeline schedules (lynx_planner/schedules: one module each); zero-bubble is torch's ScheduleInterleavedZeroBubble.
+Schedule = Literal["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"]
+
 # Training precision: the weights' dtype, and the dtype of autocast over fp32 weights.
 Dtype = Literal["fp32", "bf16", "fp16"]
 Autocast = Literal["bf16", "fp16"]
@@ -93,7 +96,7 @@ class ParallelConfig(_Model):
     seq_len: PositiveInt = Field(2048, le=MAX_SEQ_LEN)
     num_microbatches: PositiveInt = Field(1, le=MAX_MICROBATCHES)
     sequence_parallel: bool = False
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Schedule = "1f1b"
     distributed_optimizer: bool = False
     # How a real Megatron run overlaps its communication and orders its ranks (simulator.py, docs/accuracy.md). Left
     # out of the JSON at their defaults, which keep the meaning of profiles written before them.
@@ -110,9 +113,14 @@ class ParallelConfig(_Model):
         "None: as profiles before it (p2p over the link spanning tp x pp ranks)")
     optimizer_step: bool = Field(False, exclude_if=lambda v: v is False,
                                  description="the iteration ends with gradient clipping and the Adam step")
+    # Virtual pipeline stages (model chunks) per rank: left out of the JSON at 1, so older profiles keep their bytes.
+    virtual_stages: PositiveInt = Field(1, le=MAX_PP, exclude_if=lambda v: v == 1,
+                                        description="model chunks per pipeline rank (interleaved schedules)")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
+        from .schedules import problem
+
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
@@ -121,6 +129,9 @@ class ParallelConfig(_Model):
         if self.overlap_param_gather and not self.distributed_optimizer:
             raise ValueError("overlap_param_gather (--overlap-param-gather) needs distributed_optimizer "
                              "(--distributed-optimizer)")
+        why = problem(self.schedule, self.pp, self.virtual_stages, self.num_microbatches)
+        if why:
+            raise ValueError(why)
         return self
 
 
@@ -211,6 +222,10 @@ class Profile(_Model):
                 raise ValueError(f"layers[{i}].block: unknown block {layer.block!r}")
         if self.parallel.pp > len(self.layers):
             raise ValueError(f"parallel.pp = {self.parallel.pp} exceeds the {len(self.layers)} layers")
+        chunks = self.parallel.pp * self.parallel.virtual_stages
+        if chunks > len(self.layers):
+            raise ValueError(f"parallel.pp x virtual_stages = {chunks} virtual stages exceed the {len(self.layers)} "
+                             "layers")
         return self
 
 
@@ -278,7 +293,9 @@ class PlanParallel(_Model):
     pp: int
     dp: int
     num_microbatches: int
-    schedule: Literal["1f1b", "gpipe"]
+    schedule: Schedule
+    virtual_stages: int = Field(1, exclude_if=lambda v: v == 1, description="model chunks per rank; the plan's "
+                                "stages are its virtual stages, chunk c on rank c % pp")
 
 
 class Plan(_Model):

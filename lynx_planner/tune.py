@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import evaluate as ev
+from . import schedules
 from .analytic import bytes_per_param
 from .build import build_profile, is_model_file
 from .io import InputError
@@ -31,6 +32,7 @@ from .simulator import optimizer_step_s, segments
 MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
 MEGATRON_ROWS = MEGATRON + ("none",)  # block with N = 0 is Megatron without recomputation
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # chunks per rank tried for interleaved schedules (Megatron: layers divide evenly)
 
 
 @dataclass(frozen=True, order=True)
@@ -41,16 +43,21 @@ class Layout:
     micro_batch_size: int
     num_microbatches: int
     sequence_parallel: bool
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def parallel(self, seq_len: int, distributed_optimizer: bool) -> ParallelConfig:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, num_microbatches=self.num_microbatches,
                               sequence_parallel=self.sequence_parallel,
-                              distributed_optimizer=distributed_optimizer and self.dp > 1)
+                              distributed_optimizer=distributed_optimizer and self.dp > 1, schedule=self.schedule,
+                              virtual_stages=self.virtual_stages)
 
     def label(self) -> str:
         sp = " sp" if self.sequence_parallel else ""
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}x{self.num_microbatches}{sp}"
+        sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (
+            f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}x{self.num_microbatches}{sp}{sched}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -96,7 +103,7 @@ class Profiles:
                     raise
                 self.traced[key] = None
         base = self.traced[key]
-        if base is None or layout.pp > len(base.layers):
+        if base is None or layout.pp * layout.virtual_stages > len(base.layers):
             return None
         return with_layout(base, par)
 
@@ -137,10 +144,31 @@ def divisors(n: int, at_most: int | None = None) -> list[int]:
     return [d for d in small + large[::-1] if at_most is None or d <= at_most]
 
 
-def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int
-            ) -> list[Layout]:
-    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch (and lynx can simulate: at most
-    MAX_MICROBATCHES micro-batches)."""
+def pipeline_schedules(names: tuple[str, ...], pp: int, m: int, num_layers: int,
+                       virtual: int | None = None) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) to try on a pipeline of pp stages and m micro-batches: the one-chunk schedules as
+    they are; several chunks per rank (interleaved; zero bubble beyond 1) only with pp > 1, at `virtual` or each of
+    VIRTUAL_STAGES, where the transformer layers split evenly over the pp x v chunks, as Megatron requires."""
+    out = []
+    for name in names:
+        lo, hi = schedules.get(name).virtual
+        if lo == hi == 1:
+            options = [1]
+        elif pp == 1:
+            continue
+        else:
+            options = [virtual] if virtual is not None else sorted({lo, *VIRTUAL_STAGES})
+        for v in options:
+            if (v == 1 or num_layers % (pp * v) == 0) and schedules.problem(name, pp, v, m) is None and \
+                    pp * v <= num_layers:
+                out.append((name, v))
+    return out
+
+
+def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
+            names: tuple[str, ...] = ("1f1b",), virtual: int | None = None) -> list[Layout]:
+    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch, under each of the pipeline schedules
+    `names` (and their virtual stages), and lynx can simulate: at most MAX_MICROBATCHES micro-batches."""
     out = []
     for tp in divisors(min(gpus, hw.gpus_per_node)):
         if gpus % tp or (heads is not None and heads % tp):
@@ -154,7 +182,8 @@ def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: 
                     continue
                 m = global_batch // (mbs * dp)
                 for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
-                    out.append(Layout(tp, pp, dp, mbs, m, sp))
+                    for name, v in pipeline_schedules(names, pp, m, num_layers, virtual):
+                        out.append(Layout(tp, pp, dp, mbs, m, sp, name, v))
     return out
 
 
@@ -176,18 +205,22 @@ def no_layout_reason(model: str, gpus: int, hw: Hardware, global_batch: int, num
 
 
 def balanced_ideal_s(profile: Profile) -> float:
-    """(M + p - 1) x W / p: one micro-batch's forward and backward over all layers (W, TP waits included), on p
+    """(M + bubble) x W / p: one micro-batch's forward and backward over all layers (W, TP waits included), on p
     perfectly equal stages, with free transfers, no recomputation and no data-parallel tail (the optimizer step of
-    an equal share of the parameters where the profile has one): a bound no plan of the layout beats."""
+    an equal share of the parameters where the profile has one): a bound no plan of the layout beats. The bubble is
+    p - 1 micro-batches' steps, (p - 1) / v with v chunks per rank (Narayanan et al.), none where the weight
+    gradients can fill it (zero bubble)."""
     work = 0.0
     for layer in profile.layers:
         fwd, bwd = segments(profile, profile.blocks[layer.block])
         work += sum(fwd) + sum(bwd)
-    p, m = profile.parallel.pp, profile.parallel.num_microbatches
+    par = profile.parallel
+    p, m = par.pp, par.num_microbatches
+    bubble = 0.0 if schedules.get(par.schedule).splits_backward else (p - 1) / par.virtual_stages
     step = 0.0
-    if profile.parallel.optimizer_step:
+    if par.optimizer_step:
         step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p)
-    return (m + p - 1) * work / p + step
+    return (m + bubble) * work / p + step
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -213,6 +246,7 @@ class Row:
         lay = self.layout
         return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch_size": lay.micro_batch_size,
                 "num_microbatches": lay.num_microbatches, "sequence_parallel": lay.sequence_parallel,
+                "schedule": lay.schedule, "virtual_stages": lay.virtual_stages,
                 "algo": self.algo, "iteration_time_s": self.iteration_time_s,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "peak_memory_bytes": self.peak_memory_bytes,
                 "fits": self.fits, "time_from": self.simulated, "note": self.note}
@@ -302,8 +336,9 @@ def _rank(rows: list[Row]) -> list[Row]:
 def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
          time_limit: float | None = None, top: int = 10, distributed_optimizer: bool = True,
          profiles: Profiles | None = None, progress: Callable[[int, int, str], None] | None = None,
-         make_plan: bool = True) -> TuneResult:
-    """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`."""
+         make_plan: bool = True, names: tuple[str, ...] = ("1f1b",), virtual: int | None = None) -> TuneResult:
+    """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`, under the pipeline
+    schedules `names` (chunks per rank: `virtual`, or searched)."""
     t0 = time.perf_counter()
     limit = memory_limit or default_memory_limit(hw)
     profiles = profiles or Profiles(model, hw, seq_len, distributed_optimizer)
@@ -311,7 +346,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     tokens = global_batch * seq_len
     candidates = []
     hit = False
-    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len)
+    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual)
     if not found:
         raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
     for lay in found:

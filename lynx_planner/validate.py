@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from . import simulator
+from . import schedules, simulator
 from .io import InputError, find_beside, load_model
 from .schema import Plan, Profile
 
@@ -54,14 +54,22 @@ class PlanRun:
 
 # predictions ------------------------------------------------------------------------------------------------------
 def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
-    """What the plan's profile says one iteration of a stage costs (sums over its layers and micro-batches)."""
-    st = plan.stages[stage]
-    m = plan.parallel.num_microbatches
-    runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
-    fwd = sum(sum(r.fwd[0::2]) for r in runs)
-    bwd = sum(sum(r.bwd[0::2]) for r in runs)
+    """What the plan's profile says one iteration of a pipeline stage (a rank: all its chunks) costs (sums over its
+    layers and micro-batches)."""
+    par = plan.parallel
+    m = par.num_microbatches
+    fwd = bwd = 0.0
+    kept = 0
+    for c in schedules.chunks_of(par.pp, par.virtual_stages, stage):
+        st = plan.stages[c]
+        runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
+        fwd += sum(sum(r.fwd[0::2]) for r in runs)
+        bwd += sum(sum(r.bwd[0::2]) for r in runs)
+        kept += sum(r.kept_bytes for r in runs) * simulator.in_flight(par.schedule, par.pp, c, m, par.virtual_stages)
+        # a split backward (zero bubble) also holds the graphs whose W has not run
+        kept += sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) * schedules.awaiting_weight_pass(
+            par.schedule, par.pp, par.virtual_stages, c, m)
     pred = plan.predicted.stages[stage]
-    kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(plan.parallel.schedule, plan.parallel.pp, stage, m)
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
                       activation_bytes=pred.activation_bytes, held_at_backward_bytes=kept)
@@ -103,7 +111,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             threads: int, dtype: str, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, schedules as torch_schedules
 
     from .profiler import load_model_file
     from .profiler.memory import LiveBytes
@@ -138,13 +146,19 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             model, example = load_model_file(model_path, batch_size=profile_par.micro_batch_size,
                                              seq_len=profile_par.seq_len)
             model = model.to(torch_dtype).train()
-            stage_plan = plan.stages[rank]
-            module = _stage_module(model, stage_plan.layer_names)
-            apply_plan(module, plan, stage=rank)
-            stage = PipelineStage(module, rank, world, torch.device("cpu"))
-            attach(stage)
-            kind = Schedule1F1B if par.schedule == "1f1b" else ScheduleGPipe
-            schedule = kind(stage, n_microbatches=par.num_microbatches, loss_fn=_squares)
+            chunks = schedules.chunks_of(par.pp, par.virtual_stages, rank)
+            modules, stages = [], []
+            for c in chunks:  # one stage module per chunk the rank holds (interleaved: several)
+                names = plan.stages[c].layer_names
+                module = _stage_module(model, names)
+                apply_plan(module, plan, stage=c)
+                stage = PipelineStage(module, c, len(plan.stages), torch.device("cpu"))
+                attach(stage, _first_layer(module, names[0]))
+                modules.append(module)
+                stages.append(stage)
+            kind = getattr(torch_schedules, schedules.get(par.schedule).torch_class)
+            several = issubclass(kind, torch_schedules.PipelineScheduleMulti)
+            schedule = kind(stages if several else stages[0], n_microbatches=par.num_microbatches, loss_fn=_squares)
             batch = tuple(torch.cat([x] * par.num_microbatches) if isinstance(x, torch.Tensor) else x
                           for x in example)
             batch = tuple(x.to(torch_dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
@@ -152,39 +166,36 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             target = torch.zeros(par.num_microbatches * profile_par.micro_batch_size)
             times = {"fwd": 0.0, "bwd": 0.0, "wall": 0.0}
 
-            def wrap(stage=stage, times=times):
-                fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
-
-                def forward_one_chunk(*a, **k):
-                    t0, w0 = clock(), time.perf_counter()
-                    try:
-                        return fwd(*a, **k)
-                    finally:
-                        times["fwd"] += clock() - t0
-                        times["wall"] += time.perf_counter() - w0
-
-                def backward_one_chunk(*a, **k):
-                    if tracker[0] is not None:
+            def timed(fn, key: str, times=times, backward: bool = False):
+                """fn, its CPU and wall time added to times[key]; a backward also marks it and samples held bytes."""
+                def run(*a, **k):
+                    if backward and tracker[0] is not None:
                         held_at_backward[0] = max(held_at_backward[0], tracker[0].live)
-                    in_backward[0] = True
+                    in_backward[0] = backward
                     t0, w0 = clock(), time.perf_counter()
                     try:
-                        return bwd(*a, **k)
+                        return fn(*a, **k)
                     finally:
                         in_backward[0] = False
-                        times["bwd"] += clock() - t0
+                        times[key] += clock() - t0
                         times["wall"] += time.perf_counter() - w0
+                return run
 
-                stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+            def wrap(stage):
+                stage.forward_one_chunk = timed(stage.forward_one_chunk, "fwd")
+                stage.backward_one_chunk = timed(stage.backward_one_chunk, "bwd", backward=True)
+                # zero bubble's W: part of the backward's time
+                stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "bwd")
 
-            wrap()
-            jobs.append((module, schedule, batch, target, times))
+            for stage in stages:
+                wrap(stage)
+            jobs.append((modules, schedule, batch, target, times))
         tracker: list[LiveBytes | None] = [None]
         held_at_backward = [0]
 
         def iteration(job) -> tuple[float, StageTimes]:
-            module, schedule, batch, target, times = job
-            for p in module.parameters():
+            modules, schedule, batch, target, times = job
+            for p in {id(p): p for module in modules for p in module.parameters()}.values():
                 if p.grad is not None:
                     p.grad.zero_()  # in place: gradients are not new storages for the tracker
             times["fwd"] = times["bwd"] = times["wall"] = 0.0
@@ -236,6 +247,15 @@ def _failure(e: BaseException, model_path: str) -> str:
     inside = [f for f in frames if f.filename == model_path] or frames[-1:]
     where = f" (at {Path(inside[-1].filename).name}:{inside[-1].lineno})" if inside else ""
     return (f"{type(e).__name__}: {e}".splitlines() or [""])[0] + where
+
+
+def _first_layer(module, layer_name: str):
+    """A chunk's first layer inside its stage module (the chain keeps the model under `model.`): what `attach` finds
+    the chunk's runtime by, where several chunks share the model."""
+    try:
+        return module.get_submodule(layer_name)
+    except AttributeError:
+        return module.get_submodule(f"model.{layer_name}")
 
 
 def _profile_of(plan: Plan, plan_path: str) -> Profile:
@@ -315,7 +335,7 @@ def _spread(values: list[float]) -> tuple[float, float, float]:
 def summary(run_: PlanRun) -> dict:
     """Predicted and measured figures of one plan (medians over repeats, spread as 25th-75th percentiles)."""
     stages = []
-    for s in range(len(run_.plan.stages)):
+    for s in range(run_.plan.parallel.pp):  # per rank
         pred = predicted_stage(run_.profile, run_.plan, s)
         meas = {k: _spread([getattr(rep[s], k) for rep in run_.stages])
                 for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s")}

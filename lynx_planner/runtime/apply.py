@@ -75,6 +75,9 @@ class LynxRuntime:
         self._stream = None
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
+        from .. import schedules
+
+        self.split_backward = schedules.get(parallel.schedule).splits_backward  # zero bubble: B then W
         # A module used at several places (layer names 'path', 'path#1', ...) is wrapped once; its k-th call of a
         # forward runs as its k-th use (calls counted modulo the uses: every forward calls each use once).
         uses: dict[int, list[tuple[int, int]]] = {}
@@ -112,6 +115,7 @@ class LynxRuntime:
             conflicts.check_outer_hooks(layer.path)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream,
                             always_record=bool(layer.routed))
+            region.unpacked_twice = self.split_backward
             out = region.forward(*args, **kwargs)
             if region.conflict is not None:
                 raise PlanMismatchError(conflicts.inner_message(layer.path, *region.conflict))

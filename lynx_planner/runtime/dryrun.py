@@ -24,8 +24,9 @@ def _check_profile(plan: Plan, path: Path) -> Profile:
 
 
 def _check_stages(plan: Plan, n_layers: int | None) -> None:
-    if len(plan.stages) != plan.parallel.pp:
-        raise PlanMismatchError(f"the plan has {len(plan.stages)} stages for pp = {plan.parallel.pp}")
+    if len(plan.stages) != plan.parallel.pp * plan.parallel.virtual_stages:
+        raise PlanMismatchError(f"the plan has {len(plan.stages)} stages for pp = {plan.parallel.pp} x "
+                                f"{plan.parallel.virtual_stages} virtual stages")
     end = 0
     for i, stage in enumerate(plan.stages):
         if stage.stage != i:

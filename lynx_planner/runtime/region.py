@@ -62,6 +62,9 @@ class Region:
         self._captured: dict[int, torch.Tensor] = {}
         self._snaps: dict[tuple[str, int], RngState] = {}
         self._regenerated: dict[int, torch.Tensor] | None = None
+        # A backward split into input and weight gradients (zero bubble) unpacks saved tensors in both passes: the
+        # regenerated ones then stay until the region's graph is freed, after the weight gradients.
+        self.unpacked_twice = False
         self._fwd_done = self._rec_done = None
         self.conflict: tuple[str, str] | None = None  # another checkpointing seen inside the recorded forward
 
@@ -230,7 +233,7 @@ class Region:
             return packed
         if self._regenerated is None:
             self.recompute()
-        t = self._regenerated.pop(packed, None)
+        t = self._regenerated.get(packed) if self.unpacked_twice else self._regenerated.pop(packed, None)
         if t is None:
             raise RuntimeError("lynx: a recomputed tensor was unpacked twice (backward over the same graph twice, "
                                "retain_graph=True, is not supported for checkpointed layers)")

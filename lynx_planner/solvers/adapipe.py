@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import Problem, Strategy
 from .heu import heu_strategy
 from .milp_search import refine, returned
+from .stage_model import n_chunks
 
 DEFAULT_TIME_LIMIT_S = 60.0
 ON_DEMAND = ("on_demand",)
@@ -23,7 +24,7 @@ def search(problem: Problem, algo: str = "adapipe") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
     bounds, pols, evaluation = heu_strategy(profile, limit, problem.partition, ON_DEMAND)
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
-    got, got_eval, result = refine(profile, limit, bounds, [0.0] * profile.parallel.pp, ON_DEMAND, "iteration",
+    got, got_eval, result = refine(profile, limit, bounds, [0.0] * n_chunks(profile), ON_DEMAND, "iteration",
                                    time_limit)
     solved = result is not None and result.status != "infeasible"
     milp = (bounds, got, got_eval, result) if got is not None else None

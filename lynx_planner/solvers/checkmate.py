@@ -10,15 +10,16 @@ from . import Problem, Strategy
 from .heu import heu_strategy
 from .milp_search import refine
 from .partition import even_bounds
+from .stage_model import n_chunks
 
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
 def search(problem: Problem, algo: str = "checkmate") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
-    bounds = even_bounds(profile, profile.parallel.pp)
+    bounds = even_bounds(profile, n_chunks(profile))
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
-    pols, _, result = refine(profile, limit, bounds, [0.0] * profile.parallel.pp, ("on_demand",), "total",
+    pols, _, result = refine(profile, limit, bounds, [0.0] * n_chunks(profile), ("on_demand",), "total",
                              time_limit)
     if pols is None:  # nothing fits: the most frugal on-demand plan, for solve() to report what it needs
         bounds, pols, _ = heu_strategy(profile, limit, "even", ("on_demand",))

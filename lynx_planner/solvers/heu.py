@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import evaluate as ev
+from .. import schedules
 from ..schema import LayerPolicy, Profile
 from ..simulator import in_flight
 from . import Problem, Strategy
@@ -30,9 +31,12 @@ from .partition import best_bounds, even_bounds
 from .stage_model import (
     StageModel,
     candidates_of,
+    chunk_limits,
     exposure,
     measured_grad_waits,
+    n_chunks,
     p2p_wait_s,
+    share_limit,
     stage_model,
 )
 
@@ -68,9 +72,10 @@ def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: 
             e = exposure(slot, c, at)
             if e is not None and (best is None or e < best[1]):
                 best = (at, e)
-        points.append((model.in_flight * c.kept_bytes, best[1], best[0], c))
+        held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
+        points.append((held, best[1], best[0], c))
         if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
-            points.append((model.in_flight * c.kept_bytes + c.rec_bytes, pool_price * c.rec_s, "pool", c))
+            points.append((held + c.rec_bytes, pool_price * c.rec_s, "pool", c))
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
     # interference) that keeping avoids, so an option exposing as little but recomputing less stays on the frontier.
     frontier: list[Option] = []
@@ -108,7 +113,7 @@ class HullCache:
 def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
     """(frontier, hull) of the class of slot j."""
     slot = model.slots[j]
-    key = (slot.block, model.in_flight, round(slot.above_s, 12), slot.top)
+    key = (slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top)
     if key not in cache.table:
         frontier = _options(model, slot, candidates_of(profile, slot.block), cache.placements, cache.pool_price)
         cache.table[key] = (frontier, _hull(frontier))
@@ -331,15 +336,17 @@ def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], wait
 def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     """The split whose slowest stage is fastest under HEU's greedy per-stage estimate in one placement regime."""
     par = profile.parallel
-    p, n = par.pp, len(profile.layers)
+    p, n = n_chunks(profile), len(profile.layers)
     blocks = [l.block for l in profile.layers]
     by_structure: dict[tuple, float] = {}
 
     def stage_time(s: int, first: int, end: int) -> float:
         # Stages with the same layers, in-flight count and position at the end share one solution.
-        key = (in_flight(par.schedule, p, s, par.num_microbatches), tuple(blocks[first:end]), end == n, first == 0)
+        key = (in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages), tuple(blocks[first:end]),
+               end == n, first == 0)
         if key not in by_structure:
-            model = stage_model(profile, s, first, end, limit, p2p_wait_s(profile, first, end))
+            model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
+                                p2p_wait_s(profile, first, end))
             solved = _greedy(profile, model, cache, fill=False)
             by_structure[key] = float("inf") if solved is None else solved[1]
         return by_structure[key]
@@ -365,19 +372,24 @@ def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
 
 def shortened(profile: Profile) -> Profile:
     """The same pipeline with at most 2p + 1 micro-batches (p + SHORT_STEADY when deep), for the search's screening
-    simulations: stage s still holds min(M, p - s) in flight, so peaks are the same (1F1B), and the steady state
-    repeats, so its period projects the full time (projected_s)."""
+    simulations, where every virtual stage still holds as many in flight (1F1B: stage s holds min(M, p - s)), so peaks
+    are the same, and the steady state repeats, so its period projects the full time (projected_s). Otherwise (GPipe
+    holds every micro-batch at its peak) the pipeline itself."""
     par = profile.parallel
-    if par.schedule == "gpipe":
-        return profile  # GPipe holds every micro-batch at its peak: a shorter pipeline would peak lower
     m = min(par.num_microbatches, 2 * par.pp + 1, par.pp + SHORT_STEADY)
-    return profile if m == par.num_microbatches else profile.model_copy(
-        update={"parallel": par.model_copy(update={"num_microbatches": m})})
+    if m == par.num_microbatches or schedules.problem(par.schedule, par.pp, par.virtual_stages, m):
+        return profile
+    v, full = par.virtual_stages, par.num_microbatches
+    if any(in_flight(par.schedule, par.pp, c, m, v) != in_flight(par.schedule, par.pp, c, full, v)
+           for c in range(n_chunks(profile))):
+        return profile
+    return profile.model_copy(update={"parallel": par.model_copy(update={"num_microbatches": m})})
 
 
 def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[HullCache], max_rounds: int = 8):
     """Step layers of over-limit stages down their frontier until the simulation finds every stage within its
     limit (or nothing is left to give): each round frees at least the measured excess, cheapest steps first."""
+    p = profile.parallel.pp
     for _ in range(max_rounds):
         pols = policies_of(profile, models, chosen)
         result = _simulate(profile, bounds, pols)
@@ -386,9 +398,14 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
         if not over:
             return pols, result
         stepped = False
-        for s, excess in over.items():
-            while excess > 0 and (step := _cheapest_step_down(profile, models[s], chosen[s], caches)) is not None:
-                j, lower = step
+        for rank, excess in over.items():  # the rank's chunks share its memory: step down the cheapest of them
+            mine = [c for c in range(len(models)) if schedules.rank_of(p, c) == rank]
+            while excess > 0:
+                steps = [(got, c) for c in mine
+                         if (got := _cheapest_step_down(profile, models[c], chosen[c], caches)) is not None]
+                if not steps:
+                    break
+                (_, j, lower), s = max(steps, key=lambda x: x[0][0])
                 excess -= chosen[s][j].mem - lower.mem
                 chosen[s][j] = lower
                 stepped = True
@@ -398,7 +415,8 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
 
 
 def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option], caches: list[HullCache]):
-    """(slot, option) of the step down its frontier that frees the most memory per second of exposure added."""
+    """(memory freed per second of exposure added, slot, option) of the step down its frontier that frees the most
+    memory per second of exposure added."""
     best = None
     for j, o in enumerate(opts):
         frontier = next(f for f in (_class_options(profile, model, j, c)[0] for c in caches) if o in f)
@@ -408,7 +426,7 @@ def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option],
             gain = (o.mem - lower.mem) / max(1e-12, lower.exposed_s - o.exposed_s)
             if best is None or gain > best[0]:
                 best = (gain, j, lower)
-    return None if best is None else (best[1], best[2])
+    return best
 
 
 @dataclass
@@ -428,7 +446,7 @@ class _Planned:
 def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple[str, ...] = LYNX_PLACEMENTS
                  ) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
     """HEU's split and policies, with their full-length evaluation."""
-    p = profile.parallel.pp
+    p = n_chunks(profile)
     # Placing recomputation layer_above hides it but holds one more layer's tensors at the peak: each stage is
     # solved with and without it, and with pooled placements at each pool price.
     caches = [HullCache(placements)] + ([HullCache(("on_demand",))] if placements != ("on_demand",) else [])
@@ -454,21 +472,25 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     screened = []
     for bounds, regimes, exact in variants:
         waits = [p2p_wait_s(short, bounds[s], bounds[s + 1]) for s in range(p)]
-        got = _round(short, limit, bounds, regimes, exact, waits, [limit] * p)
+        got = _round(short, limit, bounds, regimes, exact, waits, chunk_limits(short, bounds, limit))
         if got is not None:
             screened.append(got)
     full_m = profile.parallel.num_microbatches
     screened.sort(key=lambda got: (not got.evaluation.fits(limit), projected_s(got.evaluation, full_m)))
     contenders = screened[:3]
     for got in screened[:2]:
-        slack = [lim + (limit - st.peak_memory_bytes) for lim, st in zip(got.limits, got.evaluation.predicted.stages)]
+        peaks = [st.peak_memory_bytes for st in got.evaluation.predicted.stages]  # per rank
+        v = profile.parallel.virtual_stages
+        slack = [lim + (limit - peaks[schedules.rank_of(profile.parallel.pp, c)]) // v
+                 for c, lim in enumerate(got.limits)]
         again = _round(short, limit, got.bounds, got.regimes, got.exact, measured_grad_waits(short, got.evaluation.sim),
                        slack)
         if again is not None:
             contenders.append(again)
     if not contenders:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
-        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, 0.0) for s in range(p)]
+        limits = chunk_limits(profile, bounds, limit)
+        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
         chosen = [[_class_options(profile, m, j, caches[-1])[0][0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)

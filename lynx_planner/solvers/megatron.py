@@ -16,6 +16,7 @@ from ..evaluate import evaluate, layer_policy, none_policy, stage_plans
 from ..schema import LayerPolicy, Profile
 from . import Infeasible, Problem, Strategy
 from .partition import even_bounds, repeated_block
+from .stage_model import n_chunks
 
 
 def _full(profile: Profile, i: int, recompute_with: int | None = None) -> LayerPolicy:
@@ -65,7 +66,7 @@ def _smallest_fitting(problem: Problem, bounds: list[int], make, algo: str) -> l
 
 def search(problem: Problem, algo: str) -> Strategy:
     profile = problem.profile
-    bounds = even_bounds(profile, profile.parallel.pp)
+    bounds = even_bounds(profile, n_chunks(profile))  # interleaved: Megatron's even split over the virtual stages
     rep = repeated_block(profile)
     n = len(profile.layers)
     if algo == "none":

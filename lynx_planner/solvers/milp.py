@@ -121,7 +121,8 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
 
     def memory(_, s: int):
         mine = [k for k in index if info[k][0] == s]
-        kept = sum(m.n[k] * models[s].in_flight * info[k][2].kept_bytes / MIB for k in mine)
+        kept = sum(m.n[k] * (models[s].in_flight * info[k][2].kept_bytes + models[s].awaiting_w * (
+            info[k][2].kept_bytes + info[k][2].rec_bytes)) / MIB for k in mine)
         early = sum(m.n[k] * info[k][2].rec_bytes / MIB for k in mine if k[2] in ("grad_wait", "prev_forward"))
         top = sum(m.n[k] * info[k][2].rec_bytes / MIB for k in mine if k[2] == "on_demand" and info[k][1].top)
         return kept + early + top + m.z[s] <= models[s].budget / MIB

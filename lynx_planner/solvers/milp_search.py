@@ -6,10 +6,11 @@ import time
 from dataclasses import replace
 
 from .. import evaluate as ev
+from .. import schedules
 from ..schema import LayerPolicy, Profile
 from . import Strategy, milp
 from .milp import REL_GAP
-from .stage_model import measured_grad_waits, stage_model
+from .stage_model import chunk_limits, measured_grad_waits, stage_model
 
 
 def policies(profile: Profile, models, choices) -> list[LayerPolicy]:
@@ -34,7 +35,8 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             break
-        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit - cut[s], waits[s]) for s in range(p)]
+        limits = chunk_limits(profile, bounds, limit)
+        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s] - cut[s], waits[s]) for s in range(p)]
         result = milp.solve(profile, models, allowed, objective, left)
         if result.status == "infeasible":
             break
@@ -55,8 +57,11 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             if all(abs(a - b) < 1e-6 for a, b in zip(new_waits, waits)):
                 break
             waits = new_waits
-        for s, excess in over.items():
-            cut[s] += excess
+        v = profile.parallel.virtual_stages
+        for rank, excess in over.items():  # the rank's chunks share the cut
+            for c in range(p):
+                if schedules.rank_of(profile.parallel.pp, c) == rank:
+                    cut[c] += -(-excess // v)
     if best is None:
         return None, None, result
     if best[2].bound_s is None and full_budget_bounds and None not in full_budget_bounds:

@@ -23,7 +23,7 @@ from . import Problem, Strategy
 from .heu import HullCache, auto_bounds, heu_strategy
 from .milp_search import refine, returned
 from .partition import even_bounds
-from .stage_model import measured_grad_waits
+from .stage_model import measured_grad_waits, n_chunks
 
 DEFAULT_TIME_LIMIT_S = 60.0
 
@@ -36,13 +36,13 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
     splits = [heu_bounds]
     if problem.partition == "auto":  # also the splits priced on demand (AdaPipe's) and Megatron's even one
         on_demand = auto_bounds(profile, limit, HullCache(("on_demand",)))
-        for other in (on_demand, even_bounds(profile, profile.parallel.pp)):
+        for other in (on_demand, even_bounds(profile, n_chunks(profile))):
             if other and other not in splits:
                 splits.append(other)
     statuses, bounds_s = [], []
     milp = None  # (split, policies, evaluation, MilpResult) of the MILP's best simulated plan
     for i, split in enumerate(splits):
-        waits = measured_grad_waits(profile, heu_eval.sim) if split == heu_bounds else [0.0] * profile.parallel.pp
+        waits = measured_grad_waits(profile, heu_eval.sim) if split == heu_bounds else [0.0] * n_chunks(profile)
         left = deadline - time.perf_counter()
         if left <= 0:
             statuses.append("time_limit")

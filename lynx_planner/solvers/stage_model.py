@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from .. import costs, placements, simulator
+from .. import costs, placements, schedules, simulator
 from ..evaluate import static_bytes
 from ..schema import Profile
 from .candidates import Candidate, pareto
@@ -44,6 +44,7 @@ class StageModel:
     pools: tuple[str, ...] = ("grad_wait", "prev_forward")  # the pooled placements that fire on this stage
     prev_forward_share: float = 1.0  # the micro-batches whose prev_forward fires (the others' run on demand)
     send_s: float = 0.0  # the transfer of the stage's output (and of its gradient back)
+    awaiting_w: int = 0  # micro-batches whose graph (kept and recomputed tensors) waits for W (split backward)
 
 
 def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
@@ -66,18 +67,54 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         slots.append(Slot(i, profile.layers[i].block, above, top))
     return StageModel(
         stage=s, first=first, end=end,
-        in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches),
+        in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
+        awaiting_w=schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches),
         budget=memory_limit - static_bytes(profile, first, end),
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
         pools=tuple(at for at in ("grad_wait", "prev_forward")
-                    if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches)),
-        prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches),
+                    if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches,
+                                                         par.virtual_stages)),
+        prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches,
+                                                         par.virtual_stages),
         send_s=0.0 if end == len(profile.layers) else costs.p2p_s(
             simulator.boundary_bytes(profile, end - 1), costs.link(hw, par.tp * par.pp)),
     )
+
+
+def n_chunks(profile: Profile) -> int:
+    """Virtual stages of the pipeline: the plan's stages (pp of them unless interleaved)."""
+    return profile.parallel.pp * profile.parallel.virtual_stages
+
+
+def chunk_limits(profile: Profile, bounds: list[int], limit: int) -> list[int]:
+    """The memory limit each virtual stage's model is given: its static bytes plus a share of what its rank has left
+    for activations, in proportion to its in-flight micro-batches times its layers (one chunk per rank: the limit)."""
+    par = profile.parallel
+    if par.virtual_stages == 1:
+        return [limit] * (len(bounds) - 1)
+    chunks = range(len(bounds) - 1)
+    rank = [schedules.rank_of(par.pp, c) for c in chunks]
+    layer_static = [static_bytes(profile, bounds[c], bounds[c + 1]) - profile.extra_static_bytes for c in chunks]
+    weight = [simulator.in_flight(par.schedule, par.pp, c, par.num_microbatches, par.virtual_stages)
+              * (bounds[c + 1] - bounds[c]) for c in chunks]
+    out = []
+    for c in chunks:
+        mine = [d for d in chunks if rank[d] == rank[c]]
+        free = limit - profile.extra_static_bytes - sum(layer_static[d] for d in mine)
+        out.append(layer_static[c] + profile.extra_static_bytes + free * weight[c] // sum(weight[d] for d in mine))
+    return out
+
+
+def share_limit(profile: Profile, first: int, end: int, limit: int) -> int:
+    """A virtual stage's limit before the split is known (partitioning): as if its rank's other chunks were like it."""
+    v = profile.parallel.virtual_stages
+    if v == 1:
+        return limit
+    own = static_bytes(profile, first, end)
+    return own + (limit - profile.extra_static_bytes - v * (own - profile.extra_static_bytes)) // v
 
 
 def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
@@ -89,8 +126,8 @@ def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
 
 
 def measured_grad_waits(profile: Profile, sim: simulator.SimResult) -> list[float]:
-    """Median wait before a backward, per stage, in a simulated plan (as hideable work)."""
-    return [median(r.grad_waits_s) / profile.hardware.interference if r.grad_waits_s else 0.0 for r in sim.stages]
+    """Median wait before a backward, per virtual stage, in a simulated plan (as hideable work)."""
+    return [median(w) / profile.hardware.interference if w else 0.0 for w in sim.chunk_grad_waits_s]
 
 
 def exposure(slot: Slot, c: Candidate, at: str) -> float | None:
