@@ -33,7 +33,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
                                   threads=threads, repeats=repeats, progress=progress, warn=warn)
     from pydantic import ValidationError
 
-    from .analytic import gpt_profile
+    from .analytic import profile
     from .models.catalog import MODELS
 
     if model not in MODELS:
@@ -46,7 +46,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
         raise InputError(f"{'--dtype' if dtype is not None else '--autocast'}: {model!r} is a catalog model, "
                          "profiled analytically in bf16; the precision options apply to model files")
     try:
-        return gpt_profile(MODELS[model], par, hw, attention or "flash", dropout)
+        return profile(MODELS[model], par, hw, attention or "flash", dropout)
     except ValidationError as e:
         raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
             from None

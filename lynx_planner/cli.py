@@ -1049,15 +1049,19 @@ def export_cmd(
 @command("models")
 def models_cmd() -> None:
     """List the catalog models."""
-    from .models.catalog import MODELS
+    from .models.catalog import MODELS, as_spec
 
-    table = Table(title="catalog models (vocabulary, GeLU MLP of ffn hidden, learned positions)",
+    table = Table(title="catalog models (MODEL may also be a config.json, a lynx model JSON or a .py file)",
                   title_justify="left")
-    for col in ("name", "params (seq 2048)", "layers", "hidden", "heads", "ffn hidden", "vocab"):
-        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
-    for m in MODELS.values():
-        table.add_row(m.name, f"{m.params() / 1e9:.2f} B", str(m.num_layers), str(m.hidden), str(m.heads),
-                      str(m.ffn), str(m.vocab))
+    for col in ("name", "family", "params", "active", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab",
+                "source"):
+        table.add_column(col, justify="left" if col in ("name", "family", "source") else "right",
+                         no_wrap=col == "name")
+    for m in map(as_spec, MODELS.values()):
+        moe = f"{m.moe.top_k}/{m.moe.experts}x{m.moe.expert_ffn}" if m.moe else "-"
+        table.add_row(m.name, m.family, f"{m.params() / 1e9:.2f} B", f"{m.active_params() / 1e9:.2f} B",
+                      str(m.num_layers), str(m.hidden), f"{m.heads}/{m.kv}", str(m.ffn_hidden), moe, str(m.vocab),
+                      m.source)
     out.print(table)
 
 
