@@ -262,6 +262,9 @@ def profile_cmd(
         min=1, show_default="2·pp", help="Micro-batches per iteration (gradient accumulation steps).")] = None,
     sequence_parallel: Annotated[bool, typer.Option(
         "--sequence-parallel", help="Megatron sequence parallelism (needs --tp > 1).")] = False,
+    ep: Annotated[int, typer.Option(
+        "--ep", min=1, help="Expert parallelism (MoE models): experts sharded over EP of the DP ranks; divides "
+        "--dp and the experts.")] = 1,
     attention: Annotated[Optional[Attention], typer.Option(
         show_default="flash; model files: as built",
         help="flash: store only what a fused attention kernel keeps; math: also the softmax output and dropout "
@@ -298,7 +301,7 @@ def profile_cmd(
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
-                             schedule=schedule.value, distributed_optimizer=distributed_optimizer)
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer, ep=ep)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
@@ -338,7 +341,7 @@ def _profile_summary(profile: Profile, path: Path) -> None:
     params = profile.model.params
     cfg = profile.model.config
     size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
-    if profile.model.source == "catalog":
+    if "device" not in cfg:  # a model description (catalog, config.json, model JSON), profiled analytically
         shapes = f"seq {par.seq_len}"
         how = f"{profile.method} on {hw.name}"
     else:  # what was really run: the device, precision and example inputs of the model file
@@ -830,7 +833,7 @@ def _progress_bar(description: str):
 
 
 def _layout_cells(lay) -> list[str]:
-    return [f"{lay.tp}x{lay.pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
+    return [f"{lay.tp}x{lay.pp}x{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else ""), f"{lay.micro_batch_size}x{lay.num_microbatches}",
             "y" if lay.sequence_parallel else "-"]
 
 
@@ -869,6 +872,9 @@ def tune_cmd(
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
+    ep: Annotated[Optional[int], typer.Option(
+        "--ep", min=1, show_default="MoE models: every size dividing dp and the experts",
+        help="Expert parallelism to use (MoE models) instead of searching it.")] = None,
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer",
         help="Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer).")] = True,
@@ -905,7 +911,7 @@ def tune_cmd(
         with bar:
             result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
                                distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
-                               or not as_json)
+                               or not as_json, ep=ep)
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:
@@ -1110,6 +1116,7 @@ class SchemaName(str, Enum):
     profile = "profile"
     plan = "plan"
     hardware = "hardware"
+    model = "model"
 
 
 @command("schema")
@@ -1117,7 +1124,9 @@ def schema_cmd(
     name: Annotated[SchemaName, typer.Argument(help="Which file format.")],
 ) -> None:
     """Print the JSON Schema of a lynx file format."""
-    cls = {"profile": Profile, "plan": Plan, "hardware": Hardware}[name.value]
+    from .models.spec import ModelSpec
+
+    cls = {"profile": Profile, "plan": Plan, "hardware": Hardware, "model": ModelSpec}[name.value]
     typer.echo(json.dumps(cls.model_json_schema(), indent=1))
 
 

@@ -82,11 +82,18 @@ class ParallelConfig(_Model):
     sequence_parallel: bool = False
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     distributed_optimizer: bool = False
+    # Expert parallelism (MoE): experts sharded over `ep` of the data-parallel ranks, as Megatron carves EP out of DP
+    # (expert data parallelism dp / ep). Left out of the JSON at 1, so dense profiles keep their bytes.
+    ep: PositiveInt = Field(1, le=MAX_DP, exclude_if=lambda v: v == 1,
+                            description="expert-parallel size (MoE models); divides dp and the number of experts")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        if self.dp % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp}): expert parallelism is carved out of data "
+                             "parallelism (Megatron)")
         return self
 
 

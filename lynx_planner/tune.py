@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from . import evaluate as ev
 from .analytic import bytes_per_param
-from .build import build_profile, is_model_file
+from .build import build_profile, is_model_file, model_spec
 from .io import InputError
 from .schema import Hardware, ParallelConfig, Plan, Profile
 from .simulator import block_segments
@@ -40,16 +40,18 @@ class Layout:
     micro_batch_size: int
     num_microbatches: int
     sequence_parallel: bool
+    ep: int = 1  # expert parallelism (MoE models), carved out of dp
 
     def parallel(self, seq_len: int, distributed_optimizer: bool) -> ParallelConfig:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, num_microbatches=self.num_microbatches,
                               sequence_parallel=self.sequence_parallel,
-                              distributed_optimizer=distributed_optimizer and self.dp > 1)
+                              distributed_optimizer=distributed_optimizer and self.dp > 1, ep=self.ep)
 
     def label(self) -> str:
         sp = " sp" if self.sequence_parallel else ""
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}x{self.num_microbatches}{sp}"
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        return f"tp{self.tp} pp{self.pp} dp{self.dp}{ep} mb{self.micro_batch_size}x{self.num_microbatches}{sp}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -103,12 +105,8 @@ class Profiles:
 def model_shape(model: str, profiles: Profiles) -> tuple[int, int | None]:
     """(transformer layers, attention heads or None when unknown) of the model."""
     if not is_model_file(model):
-        from .models.catalog import MODELS
-
-        cfg = MODELS[model] if model in MODELS else None
-        if cfg is None:
-            raise InputError(f"MODEL: unknown model {model!r}")
-        return cfg.num_layers, cfg.heads
+        spec = model_spec(model)
+        return spec.num_layers, spec.kv  # TP splits the key/value heads too (GQA), and kv divides heads
     base = profiles(Layout(1, 1, 1, 1, 1, False))
     if base is None:
         raise InputError(f"{model}: cannot be profiled on one GPU")
@@ -127,9 +125,18 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int
-            ) -> list[Layout]:
-    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch."""
+def model_experts(model: str) -> int:
+    """Routed experts per MoE layer of a described model (0: dense, or a model file: EP is not searched there)."""
+    if is_model_file(model):
+        return 0
+    moe = model_spec(model).moe
+    return moe.experts if moe is not None else 0
+
+
+def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
+            experts: int = 0, ep: int | None = None) -> list[Layout]:
+    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch; for MoE models (`experts` > 0) every
+    expert-parallel size dividing both dp and the experts (or only `ep` when given)."""
     out = []
     for tp in divisors(min(gpus, hw.gpus_per_node)):
         if gpus % tp or (heads is not None and heads % tp):
@@ -142,8 +149,9 @@ def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: 
                 if global_batch % (mbs * dp):
                     continue
                 m = global_batch // (mbs * dp)
+                eps = [e for e in divisors(dp) if experts % e == 0] if experts else [1]
                 for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
-                    out.append(Layout(tp, pp, dp, mbs, m, sp))
+                    out += [Layout(tp, pp, dp, mbs, m, sp, e) for e in eps if ep is None or e == ep]
     return out
 
 
@@ -180,7 +188,7 @@ class Row:
 
     def json(self) -> dict:
         lay = self.layout
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch_size": lay.micro_batch_size,
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch_size": lay.micro_batch_size,
                 "num_microbatches": lay.num_microbatches, "sequence_parallel": lay.sequence_parallel,
                 "algo": self.algo, "iteration_time_s": self.iteration_time_s,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "peak_memory_bytes": self.peak_memory_bytes,
@@ -271,15 +279,16 @@ def _rank(rows: list[Row]) -> list[Row]:
 def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
          time_limit: float | None = None, top: int = 10, distributed_optimizer: bool = True,
          profiles: Profiles | None = None, progress: Callable[[int, int, str], None] | None = None,
-         make_plan: bool = True) -> TuneResult:
-    """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`."""
+         make_plan: bool = True, ep: int | None = None) -> TuneResult:
+    """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw` (expert parallelism: all
+    sizes for MoE models, or only `ep`)."""
     t0 = time.perf_counter()
     limit = memory_limit or hw.memory_bytes
     profiles = profiles or Profiles(model, hw, seq_len, distributed_optimizer)
     num_layers, heads = model_shape(model, profiles)
     tokens = global_batch * seq_len
     candidates = []
-    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len):
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, model_experts(model), ep):
         prof = profiles(lay)
         if prof is not None:
             candidates.append((balanced_ideal_s(prof), lay, prof))
@@ -391,7 +400,7 @@ def fits_somewhere(model: str, gpus: int, hw: Hardware, global_batch: int, seq_l
     from .solvers import Problem, megatron
 
     num_layers, heads = model_shape(model, profiles)
-    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len):
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, model_experts(model)):
         prof = profiles(lay)
         if prof is None:
             continue

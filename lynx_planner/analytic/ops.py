@@ -94,3 +94,23 @@ class _TP:
         return ops.collective(f"{module}:tp_all_reduce#0", c, 0.0, self.full)
 
 
+
+
+def ew(ops: _OpList, id: str, out_bytes: int, inputs: list[str] | None = None, saves: list[str] | None = None,
+       read: int | None = None, **kw) -> str:
+    """A memory-bound op reading `read` bytes (default: as many as it writes); backward reads and writes twice that."""
+    rw = out_bytes + (out_bytes if read is None else read)
+    return ops.elementwise(id, out_bytes, rw, 2 * rw, inputs=inputs, saves=saves or [], **kw)
+
+
+def hf_rms_norm(ops: _OpList, prefix: str, src: str, elems: int, rows: int) -> str:
+    """Hugging Face's RMSNorm in bf16: x.float(), pow, mean, add eps, rsqrt, mul, back to bf16, times the weight.
+    Autograd keeps the fp32 input copy, the fp32 rstd and the bf16 normalised input (the weight product's)."""
+    x32 = ew(ops, f"{prefix}:_to_copy#0", STAT * elems, inputs=[src], read=ACT * elems)
+    ew(ops, f"{prefix}:pow#0", STAT * elems, saves=[x32])
+    ew(ops, f"{prefix}:mean#0", STAT * rows, read=STAT * elems)
+    ew(ops, f"{prefix}:add#0", STAT * rows)
+    rstd = ew(ops, f"{prefix}:rsqrt#0", STAT * rows, saves=["self"])
+    ew(ops, f"{prefix}:mul#0", STAT * elems, inputs=[x32, rstd], saves=[rstd, x32])
+    y = ew(ops, f"{prefix}:_to_copy#1", ACT * elems, read=STAT * elems)
+    return ew(ops, f"{prefix}:mul#1", ACT * elems, saves=[y])

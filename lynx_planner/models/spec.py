@@ -57,6 +57,7 @@ class MoESpec(_Spec):
 class ModelSpec(_Spec):
     """A decoder-only transformer. Sizes are of the whole model (tensor parallelism splits them in the profile)."""
 
+    schema_version: Literal[1] = 1
     name: str
     source: str = Field("", description="where the numbers come from (a Hugging Face config, a paper)")
     family: Family = Field(description="op graph to build: 'gpt' (Megatron GPT) or a Hugging Face model_type")
