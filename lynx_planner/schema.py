@@ -240,6 +240,7 @@ class PlanParallel(_Model):
     dp: int
     num_microbatches: int
     schedule: Literal["1f1b", "gpipe"]
+    ep: int = Field(1, exclude_if=lambda v: v == 1, description="expert-parallel size (MoE)")
 
 
 class Plan(_Model):

@@ -311,6 +311,12 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
         if best_possible < min(heu_bar, meg_bar):
             pruned += 1
             continue
+        static = max_static_bytes(prof)
+        if static > limit:  # weights and optimizer state alone exceed the limit: nothing to simulate
+            rows.append(Row(lay, "full", None, static, False, note="does not fit even with full recomputation "
+                            "(weights and optimizer state alone exceed the limit)"))
+            too_big += 1
+            continue
         got = plan_layout(prof, lay, limit, tokens, gpus, heu=best_possible >= heu_bar)
         if len(got) == 1:
             too_big += 1
@@ -405,13 +411,17 @@ def fits_somewhere(model: str, gpus: int, hw: Hardware, global_batch: int, seq_l
         if prof is None:
             continue
         short = short_profile(prof)
-        # weights and optimizer state alone already over the limit: no simulation needed
-        if max(ev.static_bytes(short, *b) for b in _even_stage_ranges(short)) > limit:
+        if max_static_bytes(short) > limit:
             continue
         strategy = megatron.search(Problem(short, limit), "full")
         if ev.evaluate(short, ev.stage_plans(short, strategy.bounds, strategy.policies), ideal=False).fits(limit):
             return True
     return False
+
+
+def max_static_bytes(profile: Profile) -> int:
+    """The largest stage's weights, gradients and optimizer state on Megatron's even split."""
+    return max(ev.static_bytes(profile, *b) for b in _even_stage_ranges(profile))
 
 
 def _even_stage_ranges(profile: Profile) -> Iterator[tuple[int, int]]:

@@ -6,6 +6,8 @@ The lm_head block also keeps the fp32 softmax of a vocab-parallel cross-entropy 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .. import costs
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
@@ -107,6 +109,29 @@ def _check(spec: ModelSpec, par: ParallelConfig) -> None:
         raise ValueError(f"--ep {par.ep} does not divide the model's {spec.moe.experts} experts")
 
 
+def _block_names(spec: ModelSpec) -> dict[bool, str]:
+    """Decoder block name per layer kind (MoE or not), as the profiler names them: the first kind met gets the class
+    name, the next one '_2'."""
+    kinds = sorted({spec.is_moe_layer(i) for i in range(spec.num_layers)}, key=lambda k: spec.is_moe_layer(0) != k)
+    return {k: f"{CLASS_PREFIX[spec.family]}DecoderLayer" + ("" if j == 0 else f"_{j + 1}")
+            for j, k in enumerate(kinds)}
+
+
+@lru_cache(maxsize=32)
+def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str) -> dict[str, Block]:
+    """The blocks depend on these only (not on PP, DP or the micro-batch count): `lynx tune` builds them once per
+    (TP, micro-batch, SP, EP) and the solvers' per-block caches then hold across its layouts."""
+    par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
+    hw = Hardware.model_validate_json(hw_json)
+    cls = CLASS_PREFIX[spec.family]
+    names = _block_names(spec)
+    blocks = {"Embedding": _embedding(spec, par, hw)}
+    blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
+    blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
+    blocks["Linear"] = _lm_head(spec, par, hw)
+    return blocks
+
+
 def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attention: str = "flash",
                     dropout: float = 0.0) -> Profile:
     if attention != "flash":
@@ -115,12 +140,9 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
         raise ValueError(f"--dropout: the {spec.family} family trains without dropout (its configs' rate is 0)")
     _check(spec, par)
     cls = CLASS_PREFIX[spec.family]
-    kinds = sorted({spec.is_moe_layer(i) for i in range(spec.num_layers)}, key=lambda k: spec.is_moe_layer(0) != k)
-    names = {k: f"{cls}DecoderLayer" + ("" if j == 0 else f"_{j + 1}") for j, k in enumerate(kinds)}
-    blocks = {"Embedding": _embedding(spec, par, hw)}
-    blocks |= {names[k]: layer_block(spec, par, hw, names[k], k) for k in kinds}
-    blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
-    blocks["Linear"] = _lm_head(spec, par, hw)
+    names = _block_names(spec)
+    blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
+                          hw.model_dump_json()))
     bpp = bytes_per_param(par)
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
