@@ -18,7 +18,9 @@ from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from .ops import ACT, STAT, _OpList, _TP, bytes_per_param
 
-def gpt_layer_block(cfg: ModelSpec, par: ParallelConfig, hw: Hardware, attention: str, dropout: float) -> Block:
+def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str,
+                    dropout: float) -> Block:
+    cfg = as_spec(cfg)
     s, b, h, a, f, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.heads, cfg.ffn_hidden, par.tp
     n = s * b  # tokens of a micro-batch
     n_loc = n // t if par.sequence_parallel else n  # tokens on this rank outside the TP regions
@@ -70,7 +72,8 @@ def gpt_layer_block(cfg: ModelSpec, par: ParallelConfig, hw: Hardware, attention
     return Block(name="gpt_layer", input_bytes=x, output_bytes=x, ops=ops.ops)
 
 
-def embedding_block(cfg: ModelSpec, par: ParallelConfig, hw: Hardware, dropout: float) -> Block:
+def embedding_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, dropout: float) -> Block:
+    cfg = as_spec(cfg)
     s, b, h, t = par.seq_len, par.micro_batch_size, cfg.hidden, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
@@ -83,7 +86,8 @@ def embedding_block(cfg: ModelSpec, par: ParallelConfig, hw: Hardware, dropout: 
     return Block(name="embedding", input_bytes=8 * n, output_bytes=ACT * n_loc * h, ops=ops.ops)
 
 
-def lm_head_block(cfg: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
+def lm_head_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware) -> Block:
+    cfg = as_spec(cfg)
     s, b, h, v, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.vocab, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
@@ -113,7 +117,8 @@ def layer_params(cfg: ModelSpec | GPTConfig, par: ParallelConfig) -> dict[str, i
 def gpt_profile(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str = "flash",
                 dropout: float = 0.0) -> Profile:
     cfg = as_spec(cfg)
-    for what, value in (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn_hidden), ("vocab", cfg.vocab)):
+    sizes = (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn_hidden), ("vocab", cfg.vocab))
+    for what, value in sizes:
         if value % par.tp:
             raise ValueError(f"--tp {par.tp} does not divide the model's {what} ({value})")
     if par.sequence_parallel and par.seq_len % par.tp:
