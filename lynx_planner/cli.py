@@ -8,10 +8,14 @@ output file is left behind (files are written with `io.write_atomic` once everyt
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import io
 import json
 import math
 import os
+import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -78,9 +82,19 @@ def _guarded(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = catch_interrupts()
         try:
-            result = fn(*args, **kwargs)
-            raise_if_interrupted()
+            try:
+                result = fn(*args, **kwargs)
+                raise_if_interrupted()
+            except typer.Exit:
+                _flush_stdout()  # a check's verdict (exit 1) that could not be printed is not a verdict
+                raise
+            _flush_stdout()
             return result
+        except OSError as e:  # stdout full or closed (`lynx check p.json > /dev/full`), or a file that vanished
+            if os.environ.get("LYNX_DEBUG"):
+                raise
+            _silence_stdout()
+            _fail(f"cannot write output: {e.strerror or e}" if e.errno in _WRITE_ERRNOS else f"{e}")
         except InputError as e:
             if os.environ.get("LYNX_DEBUG"):
                 raise
@@ -96,6 +110,26 @@ def _guarded(fn: Callable) -> Callable:
             restore_interrupts(previous)
 
     return wrapper
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EBADF}
+
+
+def _flush_stdout() -> None:
+    """Push printed output out now, inside the guard (else a full disk surfaces at interpreter exit as a traceback
+    with exit 120)."""
+    sys.stdout.flush()
+
+
+def _silence_stdout() -> None:
+    """After a failed write to stdout, point it at /dev/null so the interpreter's own flush at exit cannot fail
+    again (the recipe of Python's signal docs for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no real file (a test runner's buffer)
+        pass
 
 
 def command(name: str, **kwargs: Any) -> Callable:
@@ -128,6 +162,15 @@ def _size(text: str | None, option: str) -> int | None:
 def _seconds(value: float | None, option: str = "--time-limit") -> float | None:
     if value is not None and not math.isfinite(value):
         raise InputError(f"{option}: {value} is not a finite number of seconds")
+    return value
+
+
+def _threads(value: int | None, option: str = "--threads") -> int | None:
+    """Threads are bounded by this machine's CPUs (torch crashes on absurd counts, and more threads than CPUs
+    would only measure contention)."""
+    cpus = os.cpu_count() or 1
+    if value is not None and value > cpus:
+        raise InputError(f"{option}: {value} threads, but this machine has {cpus} CPUs")
     return value
 
 
@@ -173,14 +216,41 @@ def _algos(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class _HardExit(BaseException):
+    def __init__(self, code: object) -> None:
+        self.code = code
+
+
+@contextlib.contextmanager
+def _no_hard_exit():
+    """os._exit in a model file would end lynx at once with the file's code (0: success, nothing written): in this
+    process it raises instead while user code runs. Forked children (data loaders, workers) still exit for real."""
+    real, me = os._exit, os.getpid()
+
+    def refuse(code: int) -> None:
+        if os.getpid() != me:
+            real(code)
+        raise _HardExit(code)
+
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def _call_model_file(path: Path, what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """Run user code (a model file): any failure is bad input (exit 2), reported without a traceback; so is a model
     file that exits (sys.exit would otherwise end lynx with the file's own code and no output). Ctrl-C, or a
     KeyboardInterrupt the file raises, stays an interrupt (exit 130)."""
     try:
-        return fn(*args, **kwargs)
+        with _no_hard_exit():
+            return fn(*args, **kwargs)
     except (InputError, typer.Exit, KeyboardInterrupt):
         raise
+    except _HardExit as e:
+        raise InputError(f"{path}: {what} failed: the model file called os._exit({e.code!r}) (a model file must "
+                         "build the model and return)") from None
     except SystemExit as e:
         raise InputError(f"{path}: {what} failed: the model file called sys.exit({e.code!r}) (a model file must "
                          "build the model and return)") from None
@@ -297,6 +367,7 @@ def profile_cmd(
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
     if method is not Method.measure and (threads is not None or repeats is not None):
         raise InputError(f"{'--threads' if threads is not None else '--repeats'} applies to --method measure only")
+    _threads(threads)
     hw = _hardware(hardware)
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
@@ -630,6 +701,11 @@ def simulate_cmd(
     if len(plan.stages) != prof.parallel.pp:
         raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
                          f"pp {prof.parallel.pp}")
+    from .evaluate import structure_problems
+
+    broken = structure_problems(plan, prof)  # cheap, and bounds every layer range before the simulator expands it
+    if broken:
+        raise InputError(f"{plan_path}: field stages: {broken[0]}; run `lynx check {plan_path}`")
     try:
         ev = evaluate(prof, plan.stages, trace=trace is not None or plot is not None)
     except (KeyError, IndexError, ValueError) as e:
@@ -770,6 +846,7 @@ def validate_cmd(
 
     if not model_path.is_file():
         raise InputError(f"{model_path}: no such model file")
+    _threads(threads)
     paths = [plan_path, *(also or [])]
     for p in paths:
         _load_plan(p)
@@ -894,8 +971,8 @@ def tune_cmd(
         raise InputError("--hardware: empty list")
     if out_dir is not None and (len(kinds) > 1 or gpus is None):
         raise InputError("--out: needs one --hardware and --gpus (it writes that configuration's files)")
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: --out is a file, expected a directory")
+    if out_dir is not None:
+        _check_out_dir(out_dir)
     if plot is not None:
         if len(kinds) > 1 or gpus is None:
             raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
@@ -929,7 +1006,7 @@ def tune_cmd(
         if out_dir is not None:
             if result.best_plan is None:
                 raise InputError(f"--out: HEU found no plan for the best layout {result.top[0].layout.label()}")
-            out_dir.mkdir(parents=True, exist_ok=True)
+            _check_out_dir(out_dir)
             written = tune.write_outputs(result, out_dir)
             if not as_json:
                 out.print(f"wrote {written[0]} and {written[1]} ({result.top[0].layout.label()}; check with "
@@ -947,6 +1024,19 @@ def tune_cmd(
                 out.print(f"wrote {plot}")
     if as_json:
         typer.echo(json.dumps(json_rows, indent=1))
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """--out: a directory (created here) where profile.json and plan.json can both be written; checked before the
+    search, so a bad target costs nothing and no file in it is replaced."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: --out is a file, expected a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{out_dir}: --out: cannot create the directory: {e.strerror}") from None
+    for name in ("profile.json", "plan.json"):
+        _check_output(out_dir / name, "--out")
 
 
 def _print_tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int, limit: int, result) -> None:
@@ -1019,12 +1109,18 @@ def export_cmd(
     """Print the launch settings that reproduce a plan's layout and (the nearest) recomputation."""
     from . import export
 
+    from .evaluate import verify
+
     plan = _load_plan(plan_path)
     prof_path = _plan_profile_path(plan, plan_path, profile)
     prof = _load_profile(prof_path)
-    if len(plan.stages) != prof.parallel.pp:
-        raise InputError(f"{plan_path}: field stages: {len(plan.stages)} stages, the profile {prof_path} has "
-                         f"pp {prof.parallel.pp}")
+    if file_sha256(prof_path) != plan.profile_sha256:
+        raise InputError(f"{plan_path}: field profile_sha256: {prof_path} is not the profile the plan was made for "
+                         "(it changed since); re-run `lynx plan`, or pass the right --profile")
+    problems = verify(plan, prof).problems  # what `lynx check` rejects is not exported
+    if problems:
+        raise InputError(f"{plan_path}: `lynx check` rejects this plan, not exporting it: "
+                         + "\n".join(problems[:5]) + ("\n..." if len(problems) > 5 else ""))
     if to is Framework.torchtitan:
         typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: job config (TOML)")
         typer.echo(export.toml(export.torchtitan(plan, prof)))
@@ -1088,6 +1184,7 @@ def hardware_cmd(
         if output is None:
             raise InputError("lynx hardware calibrate: -o FILE.json is required")
         _check_output(output)
+        _threads(threads)
         from .calibrate import calibrate
 
         hw = calibrate(name=name, threads=threads, repeats=repeats)

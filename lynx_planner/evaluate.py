@@ -197,6 +197,9 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         out.append(f"solver.search_time_s {sv.search_time_s} is negative")
     if plan.memory_limit_bytes <= 0:
         out.append(f"memory_limit_bytes {plan.memory_limit_bytes} is not positive")
+    if plan.memory_limit_bytes > profile.hardware.memory_bytes:
+        out.append(f"memory_limit_bytes {plan.memory_limit_bytes} exceeds the device's memory "
+                   f"{profile.hardware.memory_bytes} B ({profile.hardware.name})")
     par = profile.parallel
     for field in ("tp", "pp", "dp", "num_microbatches", "schedule"):
         mine, theirs = getattr(plan.parallel, field), getattr(par, field)
@@ -207,6 +210,11 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         if mine != theirs:
             out.append(f"{field} {mine!r} differs from the profile's {theirs!r} (the training precision)")
     return out
+
+
+def structure_problems(plan: Plan, profile: Profile) -> list[str]:
+    """The checks that must pass before a plan can be simulated at all (cheap: no simulation)."""
+    return _check_structure(plan, profile)
 
 
 def _check_structure(plan: Plan, profile: Profile) -> list[str]:
@@ -228,6 +236,11 @@ def _check_structure(plan: Plan, profile: Profile) -> list[str]:
         if st.layer_names != names:
             problems.append(f"stage {st.stage}: layer_names {_short(st.layer_names)} are not the profile's "
                             f"{_short(names)}")
+        outside = [p for p in st.policies if not st.layers[0] <= p.layers[0] <= p.layers[1] <= st.layers[1]]
+        if outside:  # before any list of layer indices is built: [0, 10^9] must not cost 10^9 entries
+            problems.append(f"stage {st.stage}: a policy's layers {list(outside[0].layers)} are outside the stage's "
+                            f"{list(st.layers)}")
+            continue
         covered = [i for p in st.policies for i in range(*p.layers)]
         if covered != list(range(*st.layers)):
             problems.append(f"stage {st.stage}: policies cover layers {covered[:3]}..., not {list(st.layers)}")

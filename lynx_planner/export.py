@@ -151,7 +151,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
         flags.append("--overlap-grad-reduce")
         if par.distributed_optimizer:
             flags.append("--use-distributed-optimizer")
-    flags.append("--bf16")  # the profile's 2-byte activations and mixed-precision Adam
+    flags += precision_flags(profile)
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
     flags += split_flags(profile, bounds)
@@ -159,6 +159,14 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
     return MegatronExport(flags, best, choices, _not_expressible(plan, profile), plan.predicted.iteration_time_s)
+
+
+def precision_flags(profile: Profile) -> list[str]:
+    """Megatron's precision flag for the profile's training precision: bf16 or fp16 weights, or autocast to one of
+    them over fp32 weights (Megatron's mixed precision: fp32 main weights in the optimizer), is --bf16 / --fp16;
+    an analytic profile is bf16; plain fp32 training is Megatron's default, no flag."""
+    half = profile.autocast or (profile.dtype if profile.dtype else "bf16")
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(half, [])
 
 
 def _catalog_name(name: str) -> list[str]:

@@ -179,7 +179,7 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str | bytes) -> None:
     """Write to a temporary file beside the target, then rename it over: a reader never sees a partial file, and
     only a regular file (or nothing) is ever replaced. A new file gets the umask's mode, a replaced one keeps its
     own. Nothing is written once Ctrl-C was pressed, even if a native solver swallowed it."""
@@ -194,7 +194,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     except OSError as e:
         raise InputError(f"{path}: cannot write: {e.strerror}") from None
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, mode)
         raise_if_interrupted()

@@ -4,11 +4,9 @@ timeline with each stage's memory under it, and time against memory for algorith
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 
-from .io import InputError
+from .io import InputError, write_atomic
 
 GiB = 2**30
 COLORS = {"forward": "#4C72B0", "backward": "#55A868", "exposed recompute": "#C44E52",
@@ -38,17 +36,7 @@ def _save(fig, path: Path) -> None:
                     else None)
     except ValueError as e:
         raise InputError(f"{path}: --plot: {e}") from None
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise InputError(f"{path}: cannot write: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write: {e.strerror}") from None
+    write_atomic(path, buf.getvalue())  # as every output: the umask's mode, a symlink's target replaced
 
 
 def _category(event: dict) -> str | None:

@@ -24,7 +24,7 @@ from . import evaluate as ev
 from .analytic import bytes_per_param
 from .build import build_profile, is_model_file, model_spec
 from .io import InputError
-from .schema import Hardware, ParallelConfig, Plan, Profile
+from .schema import MAX_DP, MAX_MICROBATCHES, Hardware, ParallelConfig, Plan, Profile
 from .simulator import block_segments
 
 MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
@@ -121,8 +121,17 @@ def model_shape(model: str, profiles: Profiles) -> tuple[int, int | None]:
 # layouts
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    """The divisors of n (up to `at_most`), in order: by trial division up to sqrt(n), so an absurd n (10^12 GPUs)
+    costs a million steps at most, not n."""
+    small, large, d = [], [], 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+        d += 1
+    return [d for d in small + large[::-1] if at_most is None or d <= at_most]
 
 
 def model_experts(model: str) -> int:
@@ -135,24 +144,42 @@ def model_experts(model: str) -> int:
 
 def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
             experts: int = 0, ep: int | None = None) -> list[Layout]:
-    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch; for MoE models (`experts` > 0) every
-    expert-parallel size dividing both dp and the experts (or only `ep` when given)."""
+    """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch (and lynx can simulate: at most
+    MAX_MICROBATCHES micro-batches); for MoE models (`experts` > 0) every expert-parallel size dividing both dp and
+    the experts (or only `ep` when given)."""
     out = []
     for tp in divisors(min(gpus, hw.gpus_per_node)):
         if gpus % tp or (heads is not None and heads % tp):
             continue
-        for pp in divisors(gpus // tp):
-            if pp > num_layers:
-                continue
+        for pp in divisors(gpus // tp, at_most=num_layers):
             dp = gpus // (tp * pp)
+            if dp > MAX_DP:
+                continue
             for mbs in MICRO_BATCH_SIZES:
-                if global_batch % (mbs * dp):
+                if global_batch % (mbs * dp) or global_batch // (mbs * dp) > MAX_MICROBATCHES:
                     continue
                 m = global_batch // (mbs * dp)
                 eps = [e for e in divisors(dp) if experts % e == 0] if experts else [1]
                 for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
                     out += [Layout(tp, pp, dp, mbs, m, sp, e) for e in eps if ep is None or e == ep]
     return out
+
+
+def no_layout_reason(model: str, gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None
+                     ) -> str:
+    """Why `layouts` found nothing, naming the option to change."""
+    splits = [(tp, pp) for tp in divisors(min(gpus, hw.gpus_per_node)) if not gpus % tp and
+              (heads is None or not heads % tp) for pp in divisors(gpus // tp, at_most=num_layers)]
+    if not splits:
+        return (f"--gpus: {gpus} GPUs cannot be split as TP (dividing {heads} heads, at most {hw.gpus_per_node} per "
+                f"node) x PP (at most {num_layers} layers) x DP")
+    least_dp = min(gpus // (tp * pp) for tp, pp in splits)
+    if least_dp > MAX_DP:
+        return (f"--gpus: {gpus} GPUs need a data-parallel size of at least {least_dp}; lynx simulates up to "
+                f"{MAX_DP}")
+    return (f"--global-batch: {global_batch} sequences cannot be split over {gpus} GPUs: every layout of {model} has "
+            f"a data-parallel size of at least {least_dp}, and DP x micro-batch size must divide the global batch "
+            f"(with at most {MAX_MICROBATCHES} micro-batches)")
 
 
 def balanced_ideal_s(profile: Profile) -> float:
@@ -288,14 +315,20 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     num_layers, heads = model_shape(model, profiles)
     tokens = global_batch * seq_len
     candidates = []
-    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, model_experts(model), ep):
+    hit = False
+    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, model_experts(model), ep)
+    if not found:
+        raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
+    for lay in found:
+        if time_limit is not None and time.perf_counter() - t0 > time_limit:
+            hit = True  # profiling every layout of a huge search can itself take long
+            break
         prof = profiles(lay)
         if prof is not None:
             candidates.append((balanced_ideal_s(prof), lay, prof))
     candidates.sort(key=lambda c: (c[0], c[1]))
     rows: list[Row] = []
     too_big = planned = megatron_only = pruned = 0
-    hit = False
     for i, (bound_s, lay, prof) in enumerate(candidates):
         if progress:
             progress(i, len(candidates), lay.label())

@@ -420,7 +420,20 @@ def _swallowing(real):
     return solve
 
 
-def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypatch):
+@pytest.fixture
+def sigint_default():
+    """Ctrl-C handled as a terminal's interactive session does, whatever pytest inherited (a background job or CI
+    runner starts with SIGINT ignored, and lynx then rightly keeps ignoring it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_default_in_child() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # then Python installs its KeyboardInterrupt handler at start
+
+
+def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypatch, sigint_default):
     from lynx_planner import solvers
 
     monkeypatch.setattr(solvers, "solve", _swallowing(solvers.solve))
@@ -433,19 +446,32 @@ def test_ctrl_c_swallowed_by_a_solver_still_exits_130(files, tmp_path, monkeypat
     assert r.stdout.strip() == "", "nothing printed as if the comparison had finished"
 
 
+def _wait_for_highs(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until HiGHS's library is loaded in the process (lynx imports it lazily, inside the command, once its Ctrl-C
+    handler is installed)."""
+    maps = Path(f"/proc/{proc.pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc to see when the solver starts")
+    end = time.monotonic() + timeout
+    while "highs" not in maps.read_text().lower():
+        assert proc.poll() is None and time.monotonic() < end, "lynx ended or never started HiGHS"
+        time.sleep(0.05)
+
+
 def test_ctrl_c_during_highs_exits_130_and_writes_nothing(tmp_path):
     """The real thing: SIGINT while HiGHS solves OPT's MILP (the suite's slowest OPT case, about 30 s), at two
     moments (two processes side by side), each of which must stop lynx within seconds, with exit 130 and no plan."""
     root = Path(__file__).resolve().parent.parent
     prof = root / "profiles" / "gpt-2.7b-h100-80g-nvlink-tp2-pp4-mb4-m16.json"
-    delays, procs = (3.0, 6.0), []
+    delays, procs = (0.5, 3.0), []
     for i in range(len(delays)):
         procs.append(subprocess.Popen([sys.executable, "-m", "lynx_planner.cli", "plan", str(prof), "--algo", "opt",
                                        "--memory-limit", "10GiB", "-o", str(tmp_path / f"plan{i}.json")],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root))
-    start = time.monotonic()
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root,
+                                      preexec_fn=_sigint_default_in_child))
     for proc, delay in zip(procs, delays):
-        time.sleep(max(0.0, start + delay - time.monotonic()))
+        _wait_for_highs(proc)  # the moments count from the solver's start, not from a start-up a loaded machine slows
+        time.sleep(delay)
         assert proc.poll() is None, "OPT finished before the interrupt"
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()

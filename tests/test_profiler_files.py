@@ -180,13 +180,19 @@ def test_pipeline_example_trains_on_two_processes_with_a_cli_plan(tmp_path):
     assert r.exit_code == 0, r.output
     r = lynx("apply", plan_path, ROOT / "examples" / "train_gpt_pipeline.py", "--dry-run")
     assert r.exit_code == 0 and "ran with every stage of the plan applied" in r.output, r.output
+    # each rank's stdout to its own file: two ranks printing into one pipe can interleave within a line
+    logs = tmp_path / "logs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           "--log-dir", str(logs), "--redirects", "1",
            str(ROOT / "examples" / "train_gpt_pipeline.py"), "--plan", str(plan_path), "--steps", "3"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    losses = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    ranks = {int(p.parent.name): p.read_text() for p in logs.rglob("stdout.log")}
+    assert sorted(ranks) == [0, 1], sorted(logs.rglob("*"))
+    everything = ranks[0] + ranks[1]
+    losses = [float(line.split()[-1]) for line in everything.splitlines() if line.startswith("step ")]
     assert len(losses) == 3 and losses[-1] < losses[0]
-    assert "stage 0: (0, 1)" in run.stdout and "stage 1: " in run.stdout
+    assert "stage 0: (0, 1)" in everything and "stage 1: " in everything
 
     text = plan_path.read_text().replace('"layers.3"', '"layers.9"')
     (tmp_path / "bad.json").write_text(text)

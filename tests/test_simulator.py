@@ -133,12 +133,13 @@ def test_prev_forward_fires_only_in_a_forward_of_another_micro_batch():
     assert set(got.sim.releases[1].values()) == {("on_demand", ("B", k)) for k in range(4)}
     # `check` says the placement is illegal on the last stage, and only there
     info = SolverInfo(name="heu", status="heuristic", search_time_s=0)
-    problems = ev.check(ev.make_plan(prof, "p.json", "0" * 64, "heu", 1 << 40, stages, info, got), prof)
+    limit = prof.hardware.memory_bytes
+    problems = ev.check(ev.make_plan(prof, "p.json", "0" * 64, "heu", limit, stages, info, got), prof)
     assert problems and all("stage 1" in p and "prev_forward never fires" in p for p in problems), problems
     legal = [p if i < 4 else ev.layer_policy(prof, i, frozenset(), ("a:mm#0",), "on_demand")
              for i, p in enumerate(recompute_mm(prof, "prev_forward"))]
     stages = ev.stage_plans(prof, even(prof), legal)
-    assert ev.check(ev.make_plan(prof, "p.json", "0" * 64, "heu", 1 << 40, stages, info), prof) == []
+    assert ev.check(ev.make_plan(prof, "p.json", "0" * 64, "heu", limit, stages, info), prof) == []
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe"])

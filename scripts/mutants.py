@@ -1,0 +1,262 @@
+"""Mutation check: put one plausible one-line bug into the code at a time, run the tests that should notice it, put
+the code back, and report which bugs the tests caught. Not run in CI (minutes): run it after changing a module or
+its tests, and add a line to MUTANTS for each bug a test of yours is meant to catch.
+
+    python scripts/mutants.py                 # every mutant
+    python scripts/mutants.py tune export     # those whose file or name contains one of these words
+    python scripts/mutants.py --list          # the table of mutants without running them
+
+A mutant is (file, original text, replacement, test files). The original must occur exactly once in the file (so a
+refactor that moves or rewrites the line shows up as `stale`, not as a silent pass). The file is restored after each
+run, also on Ctrl-C, SIGTERM or an error (and a left-over backup from a killed run is put back at the next start).
+By default it works on a scratch copy of the checkout (so you can keep editing while it runs); --in-place mutates
+the checkout itself.
+Outcomes: caught (a test failed), survived (all passed), stale (the original text is not in the file once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = "lynx_planner/"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str  # relative to lynx_planner/
+    original: str
+    replacement: str
+    tests: tuple[str, ...]  # test files (relative to tests/), or pytest node ids
+    what: str = ""  # the bug in words (defaults to the replacement)
+
+
+def M(file: str, original: str, replacement: str, *tests: str, what: str = "") -> Mutant:
+    return Mutant(file, original, replacement, tests, what)
+
+
+B = "test_bite.py"  # this round's mutation-killing tests
+BI = "test_bad_input_bounds.py"  # this round's bad-input guards
+
+# One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
+MUTANTS: list[Mutant] = [
+    # tune.py
+    M("tune.py", "for pp in divisors(gpus // tp, at_most=num_layers):",
+      "for pp in divisors(gpus // tp, at_most=num_layers - 1):", B, "test_tune.py", what="pp > layers -> >="),
+    M("tune.py", 'key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo != "heu", r.algo))',
+      'key=lambda r: (-r.tokens_per_s_per_gpu, r.layout, r.algo == "heu", r.algo))', B, "test_tune.py",
+      what="ranking tie-break inverted"),
+    M("tune.py", "if best_possible < min(heu_bar, meg_bar):", "if best_possible < max(heu_bar, meg_bar):", B,
+      "test_tune.py", what="layouts pruned by the higher bar"),
+    M("tune.py", "heu=best_possible >= heu_bar)", "heu=best_possible >= meg_bar)", B, "test_tune.py",
+      what="HEU planned by Megatron's bar"),
+    M("tune.py", "MICRO_BATCH_SIZES = (1, 2, 4, 8)", "MICRO_BATCH_SIZES = (1, 2, 4)", B, "test_tune.py",
+      what="micro-batch sizes without 8"),
+    M("tune.py", "return (m + p - 1) * work / p", "return m * work / p", B, "test_tune.py",
+      what="balanced ideal m*W/p"),
+    M("tune.py", 'layers = [l.model_copy(update={"static_bytes": int(l.params * bpp)}) for l in base.layers]',
+      "layers = list(base.layers)", B, "test_tune.py", what="optimizer bytes not re-sharded for model files"),
+    # export.py
+    M("export.py", 'return [f"--decoder-first-pipeline-num-layers {counts[0]}"]',
+      'return [f"--decoder-first-pipeline-num-layers {counts[1]}"]', B, "test_export.py",
+      what="pp=2 first-stage count"),
+    M("export.py", 'f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}"',
+      'f"--global-batch-size {par.micro_batch_size * par.num_microbatches}"', B, "test_export.py",
+      what="global batch without x dp"),
+    M("export.py", "    if par.distributed_optimizer:\n        parallelism[",
+      "    if not par.distributed_optimizer:\n        parallelism[", B, "test_export.py",
+      what="torchtitan shard/replicate swapped"),
+    M("export.py", "for k in range(1, per_stage):", "for k in range(2, per_stage):", B, "test_export.py",
+      what="block 1 missing from Megatron's choices"),
+    M("export.py", "    if par.sequence_parallel:\n", "    if not par.sequence_parallel:\n", B, "test_export.py",
+      what="--sequence-parallel inverted"),
+    # evaluate.py (check)
+    M("evaluate.py", 'for field in ("dtype", "autocast"):', 'for field in ("dtype",):', B, "test_check.py",
+      what="autocast not compared"),
+    M("evaluate.py", "if pred.peak_memory_bytes > plan.memory_limit_bytes:",
+      "if pred.activation_bytes > plan.memory_limit_bytes:", B, "test_check.py",
+      what="limit against activations, not peak"),
+    M("evaluate.py", 'if rec and p.at != "on_demand" and policy.cost(',
+      'if rec and p.at == "grad_wait" and policy.cost(', B, "test_check.py",
+      what="TP-collective early placement checked for one placement"),
+    M("evaluate.py", "if sv.bound_s is not None and not sv.bound_s >= 0:", "if False:", B, "test_check.py",
+      what="negative bound_s accepted"),
+    M("evaluate.py", "        if keep:\n            out.append(f\"{where}: a uniform",
+      "        if False:\n            out.append(f\"{where}: a uniform", B, "test_check.py",
+      what="uniform-chunk keep check off"),
+    M("evaluate.py", "TIME_ATOL_S = 1e-9", "TIME_ATOL_S = 1e-3", B, "test_check.py",
+      what="time tolerance 1 ns -> 1 ms"),
+    # calibrate.py
+    M("calibrate.py", "factor = 2 * (world - 1) / world", "factor = (world - 1) / world", B,
+      what="all-reduce bus factor (n-1)/n"),
+    M("calibrate.py", '"memory_bytes_per_s": 2 * nbytes / copy_s', '"memory_bytes_per_s": nbytes / copy_s', B,
+      what="copy bandwidth not doubled"),
+    M("calibrate.py", "attn_flops = 4 * batch * heads * seq * seq * dim / 2",
+      "attn_flops = 4 * batch * heads * seq * seq * dim", B, what="causal attention FLOPs not halved"),
+    M("calibrate.py", "return _median_time(once, repeats, sync) / 2", "return _median_time(once, repeats, sync)", B,
+      what="p2p latency not halved"),
+    # validate.py
+    M("validate.py", "backward_s=m * bwd + pred.exposed_recompute_s,", "backward_s=m * bwd,", B,
+      what="predicted backward without exposed recompute"),
+    M("validate.py", 'pr.iterations_s = [max(per_rank[r][i]["iterations"][k]',
+      'pr.iterations_s = [min(per_rank[r][i]["iterations"][k]', B, what="iteration = min over ranks"),
+    M("validate.py", "kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(",
+      "kept = sum(r.kept_bytes for r in runs) * 1 or simulator.in_flight(", B, what="kept bytes not x in-flight"),
+    # simulator.py (DP)
+    M("simulator.py", "ready -= sum(run.bwd)", "ready -= sum(run.bwd[0::2])", B, "test_dp.py",
+      what="DP grads ready ignoring TP idle"),
+    M("simulator.py", "bus = costs.link(hw, par.tp * par.dp)", "bus = costs.link(hw, par.dp)", B, "test_dp.py",
+      what="DP bus over dp, not tp*dp"),
+    # solvers
+    M("solvers/heu.py", "POOL_PRICES = (0.0, 0.5)", "POOL_PRICES = (0.0,)", B, "test_solvers.py",
+      what="pool prices (0.0,)"),
+    M("solvers/heu.py", "contenders = screened[:3]", "contenders = screened[:1]", B, "test_solvers.py",
+      what="one contender instead of three"),
+    M("solvers/milp.py", "picks.sort(key=lambda x: -x[0].kept_bytes)", "picks.sort(key=lambda x: x[0].kept_bytes)",
+      B, "test_solvers.py", what="MILP pick order reversed"),
+    M("solvers/milp.py",
+      '+ m.e_pool[s, "prev_forward"] + (1 - share(s, "prev_forward")) * pool_work(s, "prev_forward") / MS)',
+      '+ m.e_pool[s, "prev_forward"])', B, "test_solvers.py", what="non-firing prev_forward not charged"),
+    # runtime
+    M("runtime/region.py", "        with self._rng.fork():\n            self._rng.restore()\n",
+      "        with self._rng.fork():\n            pass\n", B, "test_runtime_apply.py",
+      what="RNG restore before a re-run forward removed"),
+    M("runtime/region.py", "program.shapes[p] != (t.shape, t.dtype)", "False", B, "test_runtime_apply.py",
+      what="saved-tensor shape divergence check removed"),
+    M("runtime/keep.py", "if step.snap_time <= rec.steps[other].index < step.index",
+      "if step.snap_time < rec.steps[other].index < step.index", B, "test_runtime_apply.py",
+      what="RNG closure <= -> <"),
+    # profiler
+    M("profiler/structure.py", "key = (signature(slot.module), _input_key(slot), slot.ops)",
+      "key = (signature(slot.module), slot.ops)", B, "test_profiler_model.py",
+      what="block key ignoring input shapes"),
+    M("profiler/structure.py", "return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)",
+      "return x", B, "test_profiler_model.py", what="layer args not cloned"),
+    M("profiler/recorder.py", "view = not inplace and all(k in in_keys for k in out_keys)",
+      "view = not inplace and any(k in in_keys for k in out_keys)", B, "test_profiler_model.py",
+      what="view detection all -> any"),
+    # this round's bad-input guards (tests/test_bad_input_bounds.py)
+    M("tune.py", "    while d * d <= n:", "    while d * d < n:", BI, what="divisors miss the square root"),
+    M("tune.py", "or global_batch // (mbs * dp) > MAX_MICROBATCHES:",
+      "or global_batch // (mbs * dp) >= MAX_MICROBATCHES:",
+      BI, what="layouts at exactly 4096 micro-batches skipped"),
+    M("evaluate.py", "if not st.layers[0] <= p.layers[0] <= p.layers[1] <= st.layers[1]]",
+      "if not st.layers[0] <= p.layers[0] <= p.layers[1]]", BI, what="policy end not bounded by the stage"),
+    M("evaluate.py", "if plan.memory_limit_bytes > profile.hardware.memory_bytes:",
+      "if plan.memory_limit_bytes >= profile.hardware.memory_bytes:", BI, what="limit = device memory refused"),
+    M("export.py", 'half = profile.autocast or (profile.dtype if profile.dtype else "bf16")',
+      'half = profile.dtype if profile.dtype else "bf16"', BI, what="autocast ignored by the precision flag"),
+    M("cli.py", '    for name in ("profile.json", "plan.json"):\n        _check_output(out_dir / name, "--out")',
+      '    for name in ("profile.json",):\n        _check_output(out_dir / name, "--out")', BI,
+      what="tune --out: plan.json not checked first"),
+    M("cli.py", "    problems = verify(plan, prof).problems  # what", "    problems = []  # what", BI,
+      what="export does not check the plan"),
+    M("cli.py", "            real(code)\n        raise _HardExit(code)", "            real(code)\n        real(code)",
+      BI,
+      what="os._exit in a model file not intercepted"),
+    M("plot.py", "write_atomic(path, buf.getvalue())", "path.unlink(missing_ok=True); path.write_bytes(buf.getvalue())",
+      BI, what="plot replaces a symlink instead of its target"),
+    # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
+]
+
+
+def scratch_copy() -> Path:
+    """A copy of the checkout (without .git and caches) to mutate."""
+    import tempfile
+
+    dest = Path(tempfile.mkdtemp(prefix="lynx-mutants-")) / "repo"
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache",
+                                                              ".hypothesis", "*.mutant-backup"))
+    return dest
+
+
+def _backup(path: Path) -> Path:
+    return path.with_name(path.name + ".mutant-backup")
+
+
+def restore_leftovers(root: Path) -> None:
+    """A run killed hard (SIGKILL) leaves its backup: put it back."""
+    for backup in (root / PKG).rglob("*.mutant-backup"):
+        shutil.move(backup, backup.with_name(backup.name.removesuffix(".mutant-backup")))
+        print(f"restored {backup.name.removesuffix('.mutant-backup')} from a killed run", file=sys.stderr)
+
+
+def run_one(mut: Mutant, timeout: float, root: Path = ROOT) -> tuple[str, float, str]:
+    """(outcome, seconds, first failing test) of one mutant in the checkout at `root`; the file is always
+    restored."""
+    path = root / PKG / mut.file
+    text = path.read_text()
+    if text.count(mut.original) != 1:
+        return "stale", 0.0, f"original found {text.count(mut.original)} times"
+    backup = _backup(path)
+    shutil.copy2(path, backup)
+    t0 = time.perf_counter()
+    try:
+        path.write_text(text.replace(mut.original, mut.replacement))
+        tests = [t if "/" in t else f"tests/{t}" for t in mut.tests]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+        env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "caught", time.perf_counter() - t0, f"timeout after {timeout:g} s"
+        failed = [ln.split(" ")[1] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+        outcome = "survived" if proc.returncode == 0 else "caught"
+        if proc.returncode not in (0, 1):
+            failed = failed or [f"pytest exit {proc.returncode}"]
+        return outcome, time.perf_counter() - t0, failed[0] if failed else ""
+    finally:
+        shutil.move(backup, path)  # also on KeyboardInterrupt
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    # explicit: a background job starts with SIGINT ignored, and kill sends SIGTERM; both must restore the file
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("select", nargs="*", help="run the mutants whose file or description contains one of these")
+    ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (then: caught)")
+    ap.add_argument("--in-place", action="store_true", help="mutate this checkout instead of a scratch copy")
+    args = ap.parse_args()
+    restore_leftovers(ROOT)
+    root = ROOT if args.in_place or args.list else scratch_copy()
+    chosen = [m for m in MUTANTS if not args.select or any(w in m.file or w in m.what for w in args.select)]
+    print("| # | file | bug | tests | outcome | caught by | s |")
+    print("|---|---|---|---|---|---|---|")
+    counts: dict[str, int] = {}
+    try:
+        for i, mut in enumerate(chosen, 1):
+            what = (mut.what or mut.replacement).replace("|", "\\|")
+            if args.list:
+                print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | | | |", flush=True)
+                continue
+            outcome, secs, by = run_one(mut, args.timeout, root)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | {outcome} | {by} | {secs:.0f} |",
+                  flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the mutated file is restored", file=sys.stderr)
+        return 130
+    finally:
+        if root != ROOT:
+            shutil.rmtree(root.parent, ignore_errors=True)
+    if not args.list:
+        print("\n" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f" of {len(chosen)}")
+    return 1 if counts.get("survived") or counts.get("stale") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
