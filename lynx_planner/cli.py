@@ -423,7 +423,7 @@ def _profile_summary(profile: Profile, path: Path) -> None:
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
               f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}, "
-              f"{profile.attention} attention, dropout {profile.dropout}")
+              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
     try:
         from .solvers import solve
 

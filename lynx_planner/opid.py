@@ -34,3 +34,15 @@ def split_id(op_id: str) -> tuple[str, str, int]:
     path, _, rest = op_id.rpartition(":")
     name, _, occ = rest.partition("#")
     return path, name, int(occ or 0)
+
+
+def use_name(path: str, use: int) -> str:
+    """The layer name of the `use`-th call (from 0) of the module at `path` in one forward: the path itself for the
+    first call, 'path#use' after it ('layers.0#1': a module used at two places of a layer list)."""
+    return f"{path}#{use}" if use else path
+
+
+def split_use(name: str) -> tuple[str, int]:
+    """'layers.0#1' -> ('layers.0', 1); 'layers.0' -> ('layers.0', 0)."""
+    path, sep, use = name.rpartition("#")
+    return (path, int(use)) if sep and use.isdigit() else (name, 0)

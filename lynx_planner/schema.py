@@ -168,7 +168,7 @@ class Profile(_Model):
     parallel: ParallelConfig
     hardware: Hardware
     method: Literal["analytic", "measure"] = "analytic"
-    attention: Literal["flash", "math"] = "flash"
+    attention: Literal["flash", "math", "none"] = "flash"  # none: a model file without attention (Mamba)
     dropout: float = Field(0.0, ge=0, lt=1)
     blocks: dict[str, Block]
     layers: list[Layer] = Field(min_length=1)

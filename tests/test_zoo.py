@@ -35,7 +35,14 @@ def test_loop(name, precision, workdir):
     assert all(c.passed.get(step) for step in zoo.STEPS), c.error
 
 
-@pytest.mark.parametrize("name,precision", CASES)
+# Under autocast a weight shared by several layers has one cached low-precision copy, held from its first use to its
+# last backward, which the per-layer profile counts in each use that keeps it (docs/composition.md).
+SHARED_WEIGHT_COPY = pytest.mark.xfail(strict=True, reason="autocast's one cached copy of a shared weight")
+BYTES_CASES = [pytest.param(n, p, marks=SHARED_WEIGHT_COPY) if n in ("albert", "shared_layers") and
+               p == "bf16-autocast" else (n, p) for n, p in CASES]
+
+
+@pytest.mark.parametrize("name,precision", BYTES_CASES)
 def test_live_bytes_match_the_plan(name, precision, workdir):
     c = cell(name, precision, workdir)
     assert c.bytes_error is not None, c.error

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from lynx_planner import apply_plan, evaluate, policy, solvers
 from lynx_planner.io import dumps, file_sha256
+from lynx_planner.opid import split_use
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.profiler import load_model_file, profile_model_file
 from lynx_planner.profiler.loading import Precision
@@ -48,6 +49,9 @@ class Cell:
     measured_bytes: int = 0
     modes: str = ""
     seconds: float = 0.0
+    layers: list[str] = field(default_factory=list)  # per layer (use): name, measured and predicted bytes
+    measured_layers: list[int] = field(default_factory=list)
+    predicted_layers: list[int] = field(default_factory=list)
 
     @property
     def bytes_error(self) -> float | None:
@@ -71,13 +75,19 @@ class LayerBytes(TorchDispatchMode):
         self.outputs: set = set()
         self._seen: set = set()
         self._hooks = []
+        uses: dict[int, list[int]] = {}  # a module used at several places: its k-th call is its k-th layer
         for i, m in enumerate(layers):
-            self._hooks.append(m.register_forward_pre_hook(lambda *_, i=i: self.current.append(i)))
+            uses.setdefault(id(m), []).append(i)
+        for found in uses.values():
+            calls = iter(found * 1000)
+            m = layers[found[0]]
+            self._hooks.append(m.register_forward_pre_hook(lambda *_, c=calls: self.current.append(next(c))))
             self._hooks.append(m.register_forward_hook(self._leave, always_call=True))
 
     def _leave(self, module, args, out) -> None:
         self.current.pop()
-        self.outputs.update(StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)
+        # the first output is the next layer's input; others (attention probabilities) count where autograd saved them
+        self.outputs.update(StorageWeakRef(t.untyped_storage()) for t in tree_leaves(out)[:1]
                             if isinstance(t, torch.Tensor))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -174,7 +184,7 @@ def run_cell(name: str, precision: str, workdir: Path) -> Cell:
         planned, _ = load_model_file(ZOO_FILE, dtype=dtype, name=name)
         for st in plan.stages:
             apply_plan(planned, plan, stage=st.stage)
-        layers = [planned.get_submodule(layer.name) for layer in prof.layers]
+        layers = [planned.get_submodule(split_use(layer.name)[0]) for layer in prof.layers]
         _step(reference, inputs, prec)
         alive = _step(planned, inputs, prec, layers)
         cell.passed[step] = True
@@ -187,7 +197,9 @@ def run_cell(name: str, precision: str, workdir: Path) -> Cell:
         if different:
             raise AssertionError(f"gradients differ: {', '.join(different[:3])}")
         cell.passed[step] = True
-        cell.measured_bytes, cell.predicted_bytes = sum(alive), sum(predicted_bytes(prof, plan))
+        cell.layers = [layer.name for layer in prof.layers]
+        cell.measured_layers, cell.predicted_layers = alive, predicted_bytes(prof, plan)
+        cell.measured_bytes, cell.predicted_bytes = sum(alive), sum(cell.predicted_layers)
     except Exception as e:  # a cell records its failure; the test reports every failing cell
         cell.passed[step] = False
         cell.error = f"{step}: {type(e).__name__}: {e}"

@@ -13,8 +13,8 @@ from torch import nn
 from lynx_planner.models.gpt_block import GPTBlock
 
 HIDDEN, LAYERS, HEADS, VOCAB = 64, 2, 4, 128
-HF = ("llama", "mistral", "gpt2", "gpt_neox", "opt", "phi", "bert")
-NAMES = (*HF, "transformer_encoder", "moduledict_pipeline")
+HF = ("llama", "mistral", "gpt2", "gpt_neox", "opt", "phi", "bert", "albert")
+NAMES = (*HF, "transformer_encoder", "moduledict_pipeline", "shared_layers")
 
 
 def _hf(name: str, seq_len: int) -> nn.Module:
@@ -34,6 +34,8 @@ def _hf(name: str, seq_len: int) -> nn.Module:
         return tf.PhiForCausalLM(tf.PhiConfig(partial_rotary_factor=0.5, **llama_like))
     if name == "bert":
         return tf.BertForMaskedLM(tf.BertConfig(**llama_like))
+    if name == "albert":  # one layer group run num_hidden_layers times: a layer per use
+        return tf.AlbertForMaskedLM(tf.AlbertConfig(embedding_size=32, **llama_like))
     if name == "gpt2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=seq_len,
                                                 **common))
@@ -79,6 +81,10 @@ def lynx_model(name: str = "llama", batch_size: int = 2, seq_len: int = 16):
         model = EncoderLM()
     elif name == "moduledict_pipeline":
         model = PipelineLM(seq_len)
+    elif name == "shared_layers":  # layer list [A, B, A]
+        from models.shared_layers import SharedDecoder
+
+        model = SharedDecoder(vocab=VOCAB, dim=HIDDEN, heads=HEADS)
     else:
         model = _hf(name, seq_len)
     return model, (torch.randint(1, VOCAB, (batch_size, seq_len)),)

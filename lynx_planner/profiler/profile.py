@@ -26,10 +26,10 @@ from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
-from .recorder import tensors_in
+from .recorder import is_attention_kernel, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
 from .timing import analytic_times, measure_spread
-from .tracing import BlockTrace, op_ids, to_block, trace
+from .tracing import CORE_ATTN, BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
 DEVICES = ("cpu", "cuda")
@@ -69,13 +69,24 @@ def _model_info(path: str, model: torch.nn.Module, groups: dict[str, list[LayerS
 
 
 def _dropout(model: torch.nn.Module) -> float:
+    """The largest dropout rate of the model: nn.Dropout modules, and float attributes named like a dropout rate on
+    any module (attention dropout that runs functionally: F.dropout, sdpa's dropout_p, as most HF attention
+    classes do with `self.attention_dropout`)."""
     rates = [m.p for m in model.modules() if "Dropout" in type(m).__name__ and isinstance(getattr(m, "p", None), float)]
+    for m in model.modules():
+        rates += [v for name, v in vars(m).items() if isinstance(v, float) and 0 <= v < 1 and not name.startswith("_")
+                  and ("dropout" in name or name.endswith(("pdrop", "dropout_p")))]
     return max(rates, default=0.0)
 
 
 def _attention(traces: dict[str, BlockTrace]) -> str:
-    flash = any("scaled_dot_product" in op.name for tr in traces.values() for op in tr.ops)
-    return "flash" if flash else "math"
+    """flash: fused attention kernels; math: attention from batched activation GEMMs around a softmax (q kᵀ, p v);
+    none: neither (state-space models such as Mamba)."""
+    ops = [op for tr in traces.values() for op in tr.ops]
+    if any("scaled_dot_product" in op.name or is_attention_kernel(op.name) for op in ops):
+        return "flash"
+    # a softmax between the two GEMMs: batched activation GEMMs alone are no attention (Mamba's selective scan)
+    return "math" if any(CORE_ATTN in op.tags and "softmax" in op.name for op in ops) else "none"
 
 
 def _shapes(inputs: tuple) -> tuple[int, int, str]:
@@ -91,7 +102,7 @@ def _shapes(inputs: tuple) -> tuple[int, int, str]:
 def _group_by_ops(path: str, slots: list[LayerSlot], context) -> None:
     """Key each layer's block type by the ops it runs too: layers of one structure may take other paths."""
     for slot in slots:
-        ids = _user_code(path, f"running layer {slot.path!r}", op_ids, slot.module, slot.args, slot.kwargs or {},
+        ids = _user_code(path, f"running layer {slot.name!r}", op_ids, slot.module, slot.args, slot.kwargs or {},
                          context)
         slot.ops = ids
 
@@ -101,7 +112,7 @@ def _check_faithful(path: str, slot: LayerSlot, traced: BlockTrace) -> None:
     arguments (state, caches, randomness in control flow) and a plan could name ops that training never runs."""
     other = [op.id for op in traced.ops if op.id not in set(slot.ops)]
     if other:
-        raise InputError(f"{path}: layer {slot.path!r} ran other ops on a second forward with the same arguments "
+        raise InputError(f"{path}: layer {slot.name!r} ran other ops on a second forward with the same arguments "
                          f"({', '.join(other[:4])}): its forward is not deterministic, so lynx cannot make a "
                          "profile whose ops training will run")
 
@@ -164,7 +175,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     def context():
         return precision.forward_context(device)
 
-    slots = _user_code(path, "running the model's forward", capture_layers, model, inputs, context())
+    slots = _user_code(path, "running the model's forward", capture_layers, model, inputs, context)
     if not slots:
         raise InputError(f"{path}: the model's forward called none of its submodules: no layers to plan")
     params = sum(p.numel() for p in model.parameters())
@@ -180,7 +191,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         task = bar.add_task("trace", total=len(groups)) if bar else None
         traces = {}
         for name, group in groups.items():
-            traces[name] = _user_code(path, f"tracing layer {group[0].path!r}", trace, group[0].module,
+            traces[name] = _user_code(path, f"tracing layer {group[0].name!r}", trace, group[0].module,
                                       group[0].args, group[0].kwargs, context)
             _check_faithful(path, group[0], traces[name])
             if bar:
@@ -214,7 +225,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     for slot in slots:
         module_role = tensor_parallel.roles(traces[slot.block])[0]
         rank_params = tensor_parallel.rank_params(slot.module, module_role, parallel.tp, seen)
-        layers.append(Layer(block=slot.block, name=slot.path, params=rank_params, static_bytes=int(rank_params * bpp)))
+        layers.append(Layer(block=slot.block, name=slot.name, params=rank_params, static_bytes=int(rank_params * bpp)))
     extra = {"device": device, "inputs": described, "outside_params": outside,
              **{f"override.{k}": v for k, v in overrides.items() if isinstance(v, (int, float, str, bool))}}
     if method == "measure":

@@ -24,7 +24,9 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ..io import load_model
+from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
+from . import conflicts, routing
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
@@ -48,6 +50,8 @@ class _Layer:
     at: str  # the trigger that releases its recomputation
     keep: frozenset[str]
     scope: ModuleScope | None
+    outer: tuple[nn.Module, ...] = ()  # the modules holding it (Hugging Face's flag may be set on them)
+    routed: tuple[str, ...] = ()  # its submodules whose ops follow the routing (experts: routing.py)
     checked: bool = False
 
 
@@ -70,23 +74,46 @@ class LynxRuntime:
         self._stream = None
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
+        # A module used at several places (layer names 'path', 'path#1', ...) is wrapped once; its k-th call of a
+        # forward runs as its k-th use (calls counted modulo the uses: every forward calls each use once).
+        uses: dict[int, list[tuple[int, int]]] = {}
         for position, layer in enumerate(layers):
-            layer.module.forward = self._wrapped_forward(position, layer.module.forward)
+            uses.setdefault(id(layer.module), []).append((split_use(layer.path)[1], position))
+        for found in uses.values():
+            positions = [position for _, position in sorted(found)]
+            module = layers[positions[0]].module
+            module.forward = self._wrapped_forward(positions, module.forward)
 
-    def _wrapped_forward(self, position: int, forward: Any) -> Any:
+    def _wrapped_forward(self, positions: list[int], forward: Any) -> Any:
+        calls = 0
+
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            position = positions[calls % len(positions)]
+            calls += 1
             return self._forward(position, forward, args, kwargs)
         return wrapped
 
     def _forward(self, position: int, forward: Any, args: tuple, kwargs: dict) -> Any:
         layer = self.layers[position]
+        training = layer.module.training and torch.is_grad_enabled()
+        if training and any(map(conflicts.hf_checkpointing, (layer.module, *layer.outer))):
+            raise PlanMismatchError(conflicts.hf_message(layer.path))  # enabled after apply_plan
+        if training and layer.scope is not None and conflicts.compiled():
+            raise PlanMismatchError(conflicts.compile_message(layer.path))
+        if training and not layer.checked:
+            conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():
             out = forward(*args, **kwargs)
         else:
             if self.precision is not None and layer.module.training and not layer.checked:
                 check_autocast(self.precision[1], layer.path, layer.module)
-            region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream)
+            conflicts.check_outer_hooks(layer.path)
+            region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream,
+                            always_record=bool(layer.routed))
             out = region.forward(*args, **kwargs)
+            if region.conflict is not None:
+                raise PlanMismatchError(conflicts.inner_message(layer.path, *region.conflict))
             if layer.module.training and not layer.checked:
                 self._check_ops(layer, region.op_ids)
             key = (self.micro_batch, layer.index)
@@ -109,12 +136,21 @@ class LynxRuntime:
 
     def _check_ops(self, layer: _Layer, seen: frozenset[str]) -> None:
         named = [*layer.policy.keep, *layer.policy.recompute]
-        unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)]
+        unknown = [op for op in named if op not in seen and not op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)
+                   and not routing.is_routed(op, layer.routed)]  # experts that received no tokens do not run
+        if _autocast_on(layer.module):
+            # Autocast caches the cast copy of a weight for the whole forward: a weight shared with a layer that ran
+            # before (tied, ALBERT-style) is not cast again here. The copy exists (the earlier layer made it), so
+            # the plan holds; the profile traced each layer on its own, so it names the cast in every layer.
+            unknown = [op for op in unknown if split_id(op)[1] != "_to_copy"]
         if unknown:
+            casts = all(split_id(op)[1] == "_to_copy" for op in unknown)
             raise PlanMismatchError(
                 f"layer {layer.index} ({layer.path!r}): the plan names ops its forward never runs: "
-                f"{', '.join(unknown[:4])}; its forward runs e.g. {', '.join(sorted(seen)[:6])}. "
-                "Was the plan made from a profile of this model?")
+                f"{', '.join(unknown[:4])}; its forward runs e.g. {', '.join(sorted(seen)[:6])}. " + (
+                    "The missing ops are all casts: the layer runs in another precision than profiled, or its "
+                    "weights were already cast outside it; train in the profile's precision (--dtype/--autocast)"
+                    if casts else "Was the plan made from a profile of this model?"))
         layer.checked = True
 
     def _recorded(self, region: Region, trigger: str) -> None:
@@ -146,9 +182,11 @@ class LynxRuntime:
 
 def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: bool) -> _Layer:
     at = "grad_wait" if policy.at == "layer_above" and top else policy.at
+    routed = routing.routed_paths(module)
     keep = frozenset(policy.keep) if policy.mode == "selective" else frozenset()
+    keep = routing.shared_keep(keep, module) if routed else keep
     scope = ModuleScope(module) if policy.mode != "none" else None
-    return _Layer(index, path, module, policy, at, keep, scope)
+    return _Layer(index, path, module, policy, at, keep, scope, routed=routed)
 
 
 def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None) -> nn.Module:
@@ -165,16 +203,37 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     modules = resolve_layers(module, stage_plan)
     for path, layer_module in zip(stage_plan.layer_names, modules):
         if layer_module in _RUNTIME_OF_LAYER:
-            raise PlanMismatchError(f"a plan is already applied to layer {path!r}")
+            raise PlanMismatchError(f"a plan is already applied to layer {path!r}" + (
+                " (a module used at several places: keep all its uses in one pipeline stage)"
+                if _RUNTIME_OF_LAYER[layer_module].stage != stage_plan.stage else ""))
+    check_uses(stage_plan.stage, stage_plan.layer_names, modules)
     first = stage_plan.layers[0]
     layers = [_layer(first + i, path, m, p, top=i == len(modules) - 1)
               for i, (path, m, p) in enumerate(zip(stage_plan.layer_names, modules, policies))]
+    for layer in layers:
+        layer.outer = tuple(conflicts.ancestors(module, split_use(layer.path)[0]))
+        conflicts.check_static(layer.path, layer.module, [*layer.outer], layer.at)
     check_dtype(plan, stage_plan.layer_names, modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None
     for layer in layers:
         _RUNTIME_OF_LAYER[layer.module] = runtime
     return module
+
+
+def check_uses(stage: int, names: list[str], modules: list[nn.Module]) -> None:
+    """A module used at several places is named once per use, uses 0, 1, ... in order (its calls map to its uses
+    in call order); the same name twice, or a module the plan names once but under two paths, would apply one
+    use's policy to another's call."""
+    seen: dict[int, list[tuple[str, int]]] = {}
+    for name, module in zip(names, modules):
+        seen.setdefault(id(module), []).append(split_use(name))
+    for found in seen.values():
+        if [use for _, use in found] != list(range(len(found))) or len({path for path, _ in found}) > 1:
+            raise PlanMismatchError(
+                f"stage {stage}: layers {', '.join(use_name(p, u) for p, u in found)} are one module: a module "
+                "used at several places must be named 'path', 'path#1', ... once per call, all in one stage "
+                "(re-profile the model: lynx profiles each use of a shared module as its own layer)")
 
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -200,6 +259,11 @@ def check_dtype(plan: Plan, paths: list[str], modules: list[nn.Module]) -> None:
             raise PlanMismatchError(
                 f"layer {path!r} has {found} weights, but the plan was made for {_how(plan.dtype, plan.autocast)}: "
                 f"convert the model as the profile did (model.to(...)) or re-profile with --dtype {found}")
+
+
+def _autocast_on(module: nn.Module) -> bool:
+    param = next(module.parameters(), None)
+    return torch.is_autocast_enabled(param.device.type if param is not None else "cpu")
 
 
 def check_autocast(expected: str | None, path: str, module: nn.Module) -> None:

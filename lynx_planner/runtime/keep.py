@@ -101,6 +101,9 @@ _DATA_DEPENDENT = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "allc
                              "_unique2", "masked_select"})
 
 
+_GEMMS = frozenset({"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "convolution", "_scaled_mm"})
+
+
 class Recorder(TorchDispatchMode):
     """Names ops, tracks storages and versions, and records steps and saved tensors of one forward."""
 
@@ -124,7 +127,10 @@ class Recorder(TorchDispatchMode):
                         for i, t in reversed(list(enumerate(leaves)))}
         self._params = {StorageWeakRef(t.untyped_storage()): t
                         for t in [*scope.layer.parameters(), *scope.layer.buffers()]}
+        self._trainable = {StorageWeakRef(t.untyped_storage()) for t in scope.layer.parameters() if t.requires_grad}
         self._count = 0
+        self.own_pack: Any = None  # the region's pack hook: any other on top while an op runs is another checkpoint
+        self.conflict: tuple[str, str] | None = None  # (op id, what) of another checkpointing inside the layer
 
     # storages ----------------------------------------------------------------------------------------------------
     def _lookup(self, t: torch.Tensor) -> int | None:
@@ -163,6 +169,8 @@ class Recorder(TorchDispatchMode):
         op = self._namer(func)
         self.seen.add(op)
         flat, spec = tree_flatten((args, kwargs))
+        if self.conflict is None:
+            self._check_conflict(op, func, flat)
         refs = [(i, self.ref(x)) for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         writes = self._written(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -189,6 +197,17 @@ class Recorder(TorchDispatchMode):
             self.versions[sid] += 1
             self.makers[sid].append(op)
         return out
+
+    def _check_conflict(self, op: str, func, flat: list) -> None:
+        """Another checkpoint inside the layer: its saved-tensor hooks sit above the region's (non-reentrant), or
+        the layer's GEMMs on trainable parameters run with autograd off (reentrant: autograd sees none of them)."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if self.own_pack is not None and (top is None or top[0] is not self.own_pack):
+            self.conflict = (op, "other saved-tensor hooks are active inside it")
+        elif (not torch.is_grad_enabled() and op_name(func) in _GEMMS and
+              any(isinstance(x, torch.Tensor) and StorageWeakRef(x.untyped_storage()) in self._trainable
+                  for x in flat)):
+            self.conflict = (op, "a GEMM on a trainable parameter runs with autograd off")
 
     def _written(self, func, args, kwargs) -> list[int]:
         sids = []

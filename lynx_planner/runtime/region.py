@@ -46,8 +46,9 @@ class Region:
 
     def __init__(self, fn: Callable[..., Any], scope: ModuleScope, keep: frozenset[str],
                  on_recompute: Callable[[Region, str], None],
-                 side_stream: Callable[[torch.device], Any] | None = None):
+                 side_stream: Callable[[torch.device], Any] | None = None, always_record: bool = False):
         self._fn, self._scope, self._keep = fn, scope, keep
+        self._always_record = always_record  # routed layers: each forward may run other ops (routing.py)
         self._on_recompute, self._side_stream = on_recompute, side_stream
         self.op_ids: frozenset[str] = frozenset()
         self.trigger: str | None = None  # what released the recomputation
@@ -62,6 +63,7 @@ class Region:
         self._snaps: dict[tuple[str, int], RngState] = {}
         self._regenerated: dict[int, torch.Tensor] | None = None
         self._fwd_done = self._rec_done = None
+        self.conflict: tuple[str, str] | None = None  # another checkpointing seen inside the recorded forward
 
     # forward ---------------------------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -72,7 +74,7 @@ class Region:
         self._rng, self._autocast = RngState.capture(self._device), AutocastState.capture(self._device)
         signature = _signature(self._scope, leaves, self._autocast)
         program = self._scope.programs.get(signature)
-        if program is None or program.record_always:
+        if program is None or program.record_always or self._always_record:
             out = self._record(args, kwargs, tensors, signature)
         else:
             out = self._steady(program, args, kwargs, signature)
@@ -137,8 +139,10 @@ class Region:
         def on_entry(path: str, k: int) -> None:
             self._snaps[(path, k)] = RngState.capture(self._device)
 
+        recorder.own_pack = pack
         with self._scope.tracking(on_entry), torch.autograd.graph.saved_tensors_hooks(pack, self._unpack), recorder:
             out = self._fn(*args, **kwargs)
+        self.conflict = recorder.conflict
         program = build(recorder)
         self._program = program
         self._saved = {p: t for p, t in saved.items() if p in program.source_packs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..opid import split_use
 from ..schema import LayerPolicy, Plan, StagePlan
 from .errors import PlanMismatchError
 
@@ -55,7 +56,7 @@ def resolve_layers(module: nn.Module, stage_plan: StagePlan) -> list[nn.Module]:
     layers = []
     for path in stage_plan.layer_names:
         try:
-            layers.append(module.get_submodule(path))
+            layers.append(module.get_submodule(split_use(path)[0]))  # 'layers.0#1': a module's second use
         except AttributeError:
             raise PlanMismatchError(
                 f"stage {stage_plan.stage}: the module has no submodule {path!r}; pass the whole model or a stage "
