@@ -1,5 +1,6 @@
-"""MODEL (a catalog name or a model file) → profile in one parallel setup: the one place `lynx profile` and
-`lynx tune` build profiles."""
+"""MODEL → profile in one parallel setup: the one place `lynx profile` and `lynx tune` build profiles. MODEL is a
+catalog name, a Hugging Face config.json, a lynx model JSON (`lynx schema model`) — these three are described by a
+ModelSpec and profiled analytically — or a .py model file, profiled by running it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,38 @@ from .schema import Hardware, ParallelConfig, Profile
 
 
 def is_model_file(model: str) -> bool:
-    return model.endswith(".py") or "/" in model or Path(model).is_file()
+    """A Python model file (run to profile), as opposed to a description (catalog name or JSON)."""
+    return not model.endswith(".json") and (model.endswith(".py") or "/" in model or Path(model).is_file())
+
+
+def model_spec(model: str):
+    """The ModelSpec of a catalog name, a Hugging Face config.json or a lynx model JSON; InputError otherwise."""
+    from .models.catalog import MODELS, as_spec
+
+    if model.endswith(".json"):
+        import json
+
+        from pydantic import ValidationError
+
+        from .models.hf_config import read_hf_config
+        from .models.spec import ModelSpec
+
+        try:
+            data = json.loads(Path(model).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InputError(f"{model}: cannot read the model JSON ({e})") from None
+        if isinstance(data, dict) and "model_type" in data:
+            return read_hf_config(model)
+        try:
+            return ModelSpec.model_validate(data)
+        except ValidationError as e:
+            raise InputError(f"{model}: not a Hugging Face config.json (no 'model_type') nor a lynx model JSON: " +
+                             "; ".join(f"{'.'.join(map(str, x['loc'])) or 'model'}: "
+                                       f"{x['msg'].removeprefix('Value error, ')}" for x in e.errors()[:5])) from None
+    if model not in MODELS:
+        raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, a config.json, a "
+                         "lynx model JSON, or a .py file that builds a PyTorch model)")
+    return as_spec(MODELS[model])
 
 
 def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: str | None = None,
@@ -33,12 +65,9 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
                                   threads=threads, repeats=repeats, progress=progress, warn=warn)
     from pydantic import ValidationError
 
-    from .analytic import gpt_profile
-    from .models.catalog import MODELS
+    from .analytic import profile
 
-    if model not in MODELS:
-        raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, or a .py file "
-                         "that builds a PyTorch model)")
+    spec = model_spec(model)
     if method == "measure":
         raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
                          "(MODEL.py) to run. Use --method analytic for catalog models.")
@@ -48,7 +77,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     # A catalog model is priced as a whole Megatron iteration: optimizer step included, Megatron's rank order.
     par = par.model_copy(update={"optimizer_step": True, "rank_order": "tp-dp-pp"})
     try:
-        return gpt_profile(MODELS[model], par, hw, attention or "flash", dropout)
+        return profile(spec, par, hw, attention or "flash", dropout)
     except ValidationError as e:
         raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
             from None

@@ -406,6 +406,9 @@ def profile_cmd(
         min=1, show_default="2·pp", help="Micro-batches per iteration (gradient accumulation steps).")] = None,
     sequence_parallel: Annotated[bool, typer.Option(
         "--sequence-parallel", help="Megatron sequence parallelism (needs --tp > 1).")] = False,
+    ep: Annotated[int, typer.Option(
+        "--ep", min=1, help="Expert parallelism (MoE models): experts sharded over EP of the DP ranks; divides "
+        "--dp and the experts.")] = 1,
     attention: Annotated[Optional[Attention], typer.Option(
         show_default="flash; model files: as built",
         help="flash: store only what a fused attention kernel keeps; math: also the softmax output and dropout "
@@ -459,7 +462,7 @@ def profile_cmd(
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
                              schedule=schedule.value, distributed_optimizer=distributed_optimizer,
                              overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                             tp_comm_overlap=tp_comm_overlap, virtual_stages=virtual_stages)
+                             tp_comm_overlap=tp_comm_overlap, virtual_stages=virtual_stages, ep=ep)
     except ValidationError as e:
         raise InputError(_option_errors(e)) from None
 
@@ -499,7 +502,7 @@ def _profile_summary(profile: Profile, path: Path) -> None:
     params = profile.model.params
     cfg = profile.model.config
     size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
-    if profile.model.source == "catalog":
+    if "device" not in cfg:  # a model description (catalog, config.json, model JSON), profiled analytically
         shapes = f"seq {par.seq_len}"
         how = f"{profile.method} on {hw.name}"
     else:  # what was really run: the device, precision and example inputs of the model file
@@ -1032,8 +1035,10 @@ def _progress_bar(description: str):
 
 
 def _layout_cells(lay) -> list[str]:
-    pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{f' v{lay.virtual_stages}' if lay.virtual_stages > 1 else ''})"
-    return [f"{lay.tp}x{pp}x{lay.dp}", f"{lay.micro_batch_size}x{lay.num_microbatches}",
+    v = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+    pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{v})"
+    return [f"{lay.tp}x{pp}x{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else ""),
+            f"{lay.micro_batch_size}x{lay.num_microbatches}",
             "y" if lay.sequence_parallel else "-"]
 
 
@@ -1073,6 +1078,9 @@ def tune_cmd(
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
+    ep: Annotated[Optional[int], typer.Option(
+        "--ep", min=1, show_default="MoE models: every size dividing dp and the experts",
+        help="Expert parallelism to use (MoE models) instead of searching it.")] = None,
     distributed_optimizer: Annotated[bool, typer.Option(
         "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
     ] = DISTRIBUTED_OPTIMIZER,
@@ -1125,7 +1133,7 @@ def tune_cmd(
         with bar:
             result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
                                distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
-                               or not as_json, names=names, virtual=virtual_stages)
+                               or not as_json, names=names, virtual=virtual_stages, ep=ep)
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:
@@ -1299,15 +1307,19 @@ def export_cmd(
 @command("models")
 def models_cmd() -> None:
     """List the catalog models."""
-    from .models.catalog import MODELS
+    from .models.catalog import MODELS, as_spec
 
-    table = Table(title="catalog models (vocabulary, GeLU MLP of ffn hidden, learned positions)",
+    table = Table(title="catalog models (MODEL may also be a config.json, a lynx model JSON or a .py file)",
                   title_justify="left")
-    for col in ("name", "params (seq 2048)", "layers", "hidden", "heads", "ffn hidden", "vocab"):
-        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
-    for m in MODELS.values():
-        table.add_row(m.name, f"{m.params() / 1e9:.2f} B", str(m.num_layers), str(m.hidden), str(m.heads),
-                      str(m.ffn), str(m.vocab))
+    for col in ("name", "family", "params", "active", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab",
+                "source"):
+        table.add_column(col, justify="left" if col in ("name", "family", "source") else "right",
+                         no_wrap=col == "name")
+    for m in map(as_spec, MODELS.values()):
+        moe = f"{m.moe.top_k}/{m.moe.experts}x{m.moe.expert_ffn}" if m.moe else "-"
+        table.add_row(m.name, m.family, f"{m.params() / 1e9:.2f} B", f"{m.active_params() / 1e9:.2f} B",
+                      str(m.num_layers), str(m.hidden), f"{m.heads}/{m.kv}", str(m.ffn_hidden), moe, str(m.vocab),
+                      m.source)
     out.print(table)
 
 
@@ -1359,6 +1371,7 @@ class SchemaName(str, Enum):
     profile = "profile"
     plan = "plan"
     hardware = "hardware"
+    model = "model"
 
 
 @command("schema")
@@ -1366,7 +1379,9 @@ def schema_cmd(
     name: Annotated[SchemaName, typer.Argument(help="Which file format.")],
 ) -> None:
     """Print the JSON Schema of a lynx file format."""
-    cls = {"profile": Profile, "plan": Plan, "hardware": Hardware}[name.value]
+    from .models.spec import ModelSpec
+
+    cls = {"profile": Profile, "plan": Plan, "hardware": Hardware, "model": ModelSpec}[name.value]
     typer.echo(json.dumps(cls.model_json_schema(), indent=1))
 
 

@@ -97,3 +97,10 @@ def all_gather_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:
 
 def p2p_s(nbytes: float, bus: tuple[float, float]) -> float:
     return nbytes / bus[0] + bus[1]
+
+
+def all_to_all_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:
+    """All-to-all in which each of n ranks holds `nbytes` and keeps 1/n of it (nccl-tests alltoall busbw)."""
+    if n == 1:
+        return 0.0
+    return (n - 1) / n * nbytes / bus[0] + bus[1]

@@ -130,7 +130,7 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
     par = profile.parallel
     return Plan(algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
-                                      schedule=par.schedule, virtual_stages=par.virtual_stages),
+                                      schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep),
                 stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast)
 
 

@@ -164,6 +164,8 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     flags = [f"--tensor-model-parallel-size {par.tp}", f"--pipeline-model-parallel-size {par.pp}"]
     if par.sequence_parallel:
         flags.append("--sequence-parallel")
+    if par.ep > 1:
+        flags.append(f"--expert-model-parallel-size {par.ep}")
     flags += [f"--micro-batch-size {par.micro_batch_size}",
               f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}",
               f"--seq-length {par.seq_len}"]

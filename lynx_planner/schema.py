@@ -116,6 +116,10 @@ class ParallelConfig(_Model):
     # Virtual pipeline stages (model chunks) per rank: left out of the JSON at 1, so older profiles keep their bytes.
     virtual_stages: PositiveInt = Field(1, le=MAX_PP, exclude_if=lambda v: v == 1,
                                         description="model chunks per pipeline rank (interleaved schedules)")
+    # Expert parallelism (MoE): experts sharded over `ep` of the data-parallel ranks, as Megatron carves EP out of DP
+    # (expert data parallelism dp / ep). Left out of the JSON at 1, so dense profiles keep their bytes.
+    ep: PositiveInt = Field(1, le=MAX_DP, exclude_if=lambda v: v == 1,
+                            description="expert-parallel size (MoE models); divides dp and the number of experts")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
@@ -132,6 +136,9 @@ class ParallelConfig(_Model):
         why = problem(self.schedule, self.pp, self.virtual_stages, self.num_microbatches)
         if why:
             raise ValueError(why)
+        if self.dp % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp}): expert parallelism is carved out of data "
+                             "parallelism (Megatron)")
         return self
 
 
@@ -296,6 +303,7 @@ class PlanParallel(_Model):
     schedule: Schedule
     virtual_stages: int = Field(1, exclude_if=lambda v: v == 1, description="model chunks per rank; the plan's "
                                 "stages are its virtual stages, chunk c on rank c % pp")
+    ep: int = Field(1, exclude_if=lambda v: v == 1, description="expert-parallel size (MoE)")
 
 
 class Plan(_Model):

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from . import evaluate as ev
 from . import schedules
 from .analytic import bytes_per_param
-from .build import build_profile, is_model_file
+from .build import build_profile, is_model_file, model_spec
 from .io import InputError
 from .models.hardware import default_memory_limit
 from .schema import MAX_DP, MAX_MICROBATCHES, Hardware, ParallelConfig, Plan, Profile
@@ -45,19 +45,21 @@ class Layout:
     sequence_parallel: bool
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    ep: int = 1  # expert parallelism (MoE models), carved out of dp
 
     def parallel(self, seq_len: int, distributed_optimizer: bool) -> ParallelConfig:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, num_microbatches=self.num_microbatches,
                               sequence_parallel=self.sequence_parallel,
                               distributed_optimizer=distributed_optimizer and self.dp > 1, schedule=self.schedule,
-                              virtual_stages=self.virtual_stages)
+                              virtual_stages=self.virtual_stages, ep=self.ep)
 
     def label(self) -> str:
         sp = " sp" if self.sequence_parallel else ""
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
         sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (
             f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch_size}x{self.num_microbatches}{sp}{sched}"
+        return f"tp{self.tp} pp{self.pp} dp{self.dp}{ep} mb{self.micro_batch_size}x{self.num_microbatches}{sp}{sched}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -111,12 +113,8 @@ class Profiles:
 def model_shape(model: str, profiles: Profiles) -> tuple[int, int | None]:
     """(transformer layers, attention heads or None when unknown) of the model."""
     if not is_model_file(model):
-        from .models.catalog import MODELS
-
-        cfg = MODELS[model] if model in MODELS else None
-        if cfg is None:
-            raise InputError(f"MODEL: unknown model {model!r}")
-        return cfg.num_layers, cfg.heads
+        spec = model_spec(model)
+        return spec.num_layers, spec.kv  # TP splits the key/value heads too (GQA), and kv divides heads
     base = profiles(Layout(1, 1, 1, 1, 1, False))
     if base is None:
         raise InputError(f"{model}: cannot be profiled on one GPU")
@@ -165,10 +163,20 @@ def pipeline_schedules(names: tuple[str, ...], pp: int, m: int, num_layers: int,
     return out
 
 
+def model_experts(model: str) -> int:
+    """Routed experts per MoE layer of a described model (0: dense, or a model file: EP is not searched there)."""
+    if is_model_file(model):
+        return 0
+    moe = model_spec(model).moe
+    return moe.experts if moe is not None else 0
+
+
 def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
-            names: tuple[str, ...] = ("1f1b",), virtual: int | None = None) -> list[Layout]:
+            names: tuple[str, ...] = ("1f1b",), virtual: int | None = None, experts: int = 0,
+            ep: int | None = None) -> list[Layout]:
     """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch, under each of the pipeline schedules
-    `names` (and their virtual stages), and lynx can simulate: at most MAX_MICROBATCHES micro-batches."""
+    `names` (and their virtual stages), and lynx can simulate (at most MAX_MICROBATCHES micro-batches); for MoE models
+    (`experts` > 0) every expert-parallel size dividing both dp and the experts (or only `ep` when given)."""
     out = []
     for tp in divisors(min(gpus, hw.gpus_per_node)):
         if gpus % tp or (heads is not None and heads % tp):
@@ -181,9 +189,10 @@ def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: 
                 if global_batch % (mbs * dp) or global_batch // (mbs * dp) > MAX_MICROBATCHES:
                     continue
                 m = global_batch // (mbs * dp)
+                eps = [e for e in divisors(dp) if experts % e == 0] if experts else [1]
                 for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
                     for name, v in pipeline_schedules(names, pp, m, num_layers, virtual):
-                        out.append(Layout(tp, pp, dp, mbs, m, sp, name, v))
+                        out += [Layout(tp, pp, dp, mbs, m, sp, name, v, e) for e in eps if ep is None or e == ep]
     return out
 
 
@@ -244,7 +253,7 @@ class Row:
 
     def json(self) -> dict:
         lay = self.layout
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch_size": lay.micro_batch_size,
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch_size": lay.micro_batch_size,
                 "num_microbatches": lay.num_microbatches, "sequence_parallel": lay.sequence_parallel,
                 "schedule": lay.schedule, "virtual_stages": lay.virtual_stages,
                 "algo": self.algo, "iteration_time_s": self.iteration_time_s,
@@ -336,9 +345,11 @@ def _rank(rows: list[Row]) -> list[Row]:
 def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
          time_limit: float | None = None, top: int = 10, distributed_optimizer: bool = True,
          profiles: Profiles | None = None, progress: Callable[[int, int, str], None] | None = None,
-         make_plan: bool = True, names: tuple[str, ...] = ("1f1b",), virtual: int | None = None) -> TuneResult:
+         make_plan: bool = True, names: tuple[str, ...] = ("1f1b",), virtual: int | None = None,
+         ep: int | None = None) -> TuneResult:
     """Search the layouts and recomputation plans of `model` on `gpus` GPUs of kind `hw`, under the pipeline
-    schedules `names` (chunks per rank: `virtual`, or searched)."""
+    schedules `names` (chunks per rank: `virtual`, or searched) and, for MoE models, every expert-parallel size (or
+    only `ep`)."""
     t0 = time.perf_counter()
     limit = memory_limit or default_memory_limit(hw)
     profiles = profiles or Profiles(model, hw, seq_len, distributed_optimizer)
@@ -346,7 +357,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     tokens = global_batch * seq_len
     candidates = []
     hit = False
-    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual)
+    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, model_experts(model), ep)
     if not found:
         raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
     for lay in found:
@@ -373,6 +384,12 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
         meg_bar = meg[0].tokens_per_s_per_gpu if meg else 0.0
         if best_possible < min(heu_bar, meg_bar):
             pruned += 1
+            continue
+        static = max_static_bytes(prof)
+        if static > limit:  # weights and optimizer state alone exceed the limit: nothing to simulate
+            rows.append(Row(lay, "full", None, static, False, note="does not fit even with full recomputation "
+                            "(weights and optimizer state alone exceed the limit)"))
+            too_big += 1
             continue
         got = plan_layout(prof, lay, limit, tokens, gpus, heu=best_possible >= heu_bar)
         if len(got) == 1:
@@ -463,18 +480,22 @@ def fits_somewhere(model: str, gpus: int, hw: Hardware, global_batch: int, seq_l
     from .solvers import Problem, megatron
 
     num_layers, heads = model_shape(model, profiles)
-    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len):
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, experts=model_experts(model)):
         prof = profiles(lay)
         if prof is None:
             continue
         short = short_profile(prof)
-        # weights and optimizer state alone already over the limit: no simulation needed
-        if max(ev.static_bytes(short, *b) for b in _even_stage_ranges(short)) > limit:
+        if max_static_bytes(short) > limit:
             continue
         strategy = megatron.search(Problem(short, limit), "full")
         if ev.evaluate(short, ev.stage_plans(short, strategy.bounds, strategy.policies), ideal=False).fits(limit):
             return True
     return False
+
+
+def max_static_bytes(profile: Profile) -> int:
+    """The largest stage's weights, gradients and optimizer state on Megatron's even split."""
+    return max(ev.static_bytes(profile, *b) for b in _even_stage_ranges(profile))
 
 
 def _even_stage_ranges(profile: Profile) -> Iterator[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""Analytic profiles of catalog GPTs: the op graph of a Megatron-style layer with roofline times.
+"""The Megatron GPT family (ModelSpec family 'gpt'): the op graph of a Megatron-style layer with roofline times.
 
 Op ids, order and saved tensors are those of a FakeTensorMode trace of `models/gpt_block.py` (a test checks it), with
 Megatron's tensor-parallel collectives inserted: without sequence parallelism the column-parallel GEMMs get an
@@ -12,98 +12,16 @@ and the fused attention's fp32 logsumexp are counted too, as PyTorch keeps them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from .. import costs
+from ..models.catalog import GPTConfig, as_spec
+from ..models.spec import ModelSpec
+from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
+from .ops import ACT, STAT, _OpList, _TP, bytes_per_param
 
-from . import costs
-from .models.catalog import GPTConfig
-from .schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, Op, ParallelConfig, Profile
-
-ACT = 2  # bytes per activation element (bf16)
-MASK = 1  # bytes per dropout-mask element (bool)
-STAT = 4  # bytes per LayerNorm statistic / logsumexp element (fp32)
-
-
-def bytes_per_param(par: ParallelConfig) -> float:
-    """Mixed-precision Adam (Megatron): bf16 weight 2 + fp32 grad 4 + fp32 master, m, v 12 = 18 bytes;
-    the distributed optimizer shards the 12 optimizer bytes over data-parallel ranks."""
-    return 6 + 12 / par.dp if par.distributed_optimizer else 18
-
-
-@dataclass
-class _OpList:
-    """Appends ops in forward order; `last` is the id of the latest op producing the running activation."""
-
-    hw: Hardware
-    ops: list[Op] = field(default_factory=list)
-    last: str = BLOCK_INPUT
-
-    def add(self, id: str, *, inputs: list[str] | None = None, saves: list[str] | None = None, **kw) -> str:
-        saves = [id if ref == "self" else ref for ref in saves or []]  # "self": the op's own output
-        self.ops.append(Op(id=id, inputs=inputs if inputs is not None else [self.last], saves=saves,
-                           module=id.split(":")[0], **kw))
-        self.last = id
-        return id
-
-    def gemm(self, id: str, m: int, k: int, n: int, saves: list[str], inputs: list[str] | None = None,
-             tags: list[str] | None = None) -> str:
-        return self.add(id, inputs=inputs, saves=saves, fwd_s=costs.gemm_fwd_s(m, k, n, self.hw),
-                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw), flops=2.0 * m * k * n, out_bytes=ACT * m * n,
-                        tags=tags or [])
-
-    def elementwise(self, id: str, out_bytes: int, fwd_rw: float, bwd_rw: float, **kw) -> str:
-        return self.add(id, fwd_s=costs.memory_s(fwd_rw, self.hw), bwd_s=costs.memory_s(bwd_rw, self.hw),
-                        out_bytes=out_bytes, **kw)
-
-    def layer_norm(self, id: str, tokens: int, hidden: int) -> str:
-        x = ACT * tokens * hidden
-        return self.elementwise(id, x, 2 * x, 3 * x, saves=[self.last], aux_bytes=2 * STAT * tokens)
-
-    def dropout(self, id: str, elems: int, tags: list[str] | None = None) -> str:
-        x = ACT * elems
-        return self.elementwise(id, x, 2 * x + MASK * elems, 2 * x + MASK * elems, aux_bytes=MASK * elems,
-                                random=True, tags=tags or [])
-
-    def collective(self, id: str, fwd_s: float, bwd_s: float, out_bytes: int, bwd_overlap_s: float = 0.0) -> str:
-        # A backward-only collective (fwd_s == 0) passes its input through: nothing reads its output.
-        if fwd_s == 0.0:
-            self.ops.append(Op(id=id, kind="collective", fwd_s=0.0, bwd_s=bwd_s, bwd_overlap_s=bwd_overlap_s,
-                               out_bytes=0, inputs=[self.last], module=id.split(":")[0]))
-            return self.last
-        return self.add(id, kind="collective", fwd_s=fwd_s, bwd_s=bwd_s, bwd_overlap_s=bwd_overlap_s,
-                        out_bytes=out_bytes)
-
-
-class _TP:
-    """Megatron's conjugate collectives around column- and row-parallel GEMMs."""
-
-    def __init__(self, par: ParallelConfig, hw: Hardware, tokens: int, hidden: int):
-        self.t, self.sp = par.tp, par.sequence_parallel
-        self.bus = costs.link(hw, par.tp)
-        self.full = ACT * tokens * hidden  # bytes of an unsplit [s, b, h] activation
-
-    def before_column(self, ops: _OpList, module: str, wgrad_s: float) -> str:
-        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce."""
-        if self.t == 1:
-            return ops.last
-        if self.sp:
-            c = costs.all_gather_s(self.full, self.t, self.bus)
-            return ops.collective(f"{module}:tp_all_gather#0", c, c, self.full, bwd_overlap_s=wgrad_s)
-        c = costs.all_reduce_s(self.full, self.t, self.bus)
-        return ops.collective(f"{module}:tp_grad_all_reduce#0", 0.0, c, 0, bwd_overlap_s=wgrad_s)
-
-    def after_row(self, ops: _OpList, module: str) -> str:
-        """After a row-parallel GEMM: all-reduce (or reduce-scatter with SP) of its partial sums."""
-        if self.t == 1:
-            return ops.last
-        if self.sp:
-            c = costs.all_gather_s(self.full, self.t, self.bus)
-            return ops.collective(f"{module}:tp_reduce_scatter#0", c, c, self.full // self.t)
-        c = costs.all_reduce_s(self.full, self.t, self.bus)
-        return ops.collective(f"{module}:tp_all_reduce#0", c, 0.0, self.full)
-
-
-def gpt_layer_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention: str, dropout: float) -> Block:
-    s, b, h, a, f, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.heads, cfg.ffn, par.tp
+def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str,
+                    dropout: float) -> Block:
+    cfg = as_spec(cfg)
+    s, b, h, a, f, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.heads, cfg.ffn_hidden, par.tp
     n = s * b  # tokens of a micro-batch
     n_loc = n // t if par.sequence_parallel else n  # tokens on this rank outside the TP regions
     ops = _OpList(hw)
@@ -154,7 +72,8 @@ def gpt_layer_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention
     return Block(name="gpt_layer", input_bytes=x, output_bytes=x, ops=ops.ops)
 
 
-def embedding_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, dropout: float) -> Block:
+def embedding_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, dropout: float) -> Block:
+    cfg = as_spec(cfg)
     s, b, h, t = par.seq_len, par.micro_batch_size, cfg.hidden, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
@@ -167,7 +86,8 @@ def embedding_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, dropout: 
     return Block(name="embedding", input_bytes=8 * n, output_bytes=ACT * n_loc * h, ops=ops.ops)
 
 
-def lm_head_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware) -> Block:
+def lm_head_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware) -> Block:
+    cfg = as_spec(cfg)
     s, b, h, v, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.vocab, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
@@ -184,18 +104,21 @@ def lm_head_block(cfg: GPTConfig, par: ParallelConfig, hw: Hardware) -> Block:
     return Block(name="lm_head", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 
-def layer_params(cfg: GPTConfig, par: ParallelConfig) -> dict[str, int]:
+def layer_params(cfg: ModelSpec | GPTConfig, par: ParallelConfig) -> dict[str, int]:
     """Parameters on one tensor-parallel rank, per block type."""
-    h, f, t, v = cfg.hidden, cfg.ffn, par.tp, cfg.vocab
+    cfg = as_spec(cfg)
+    h, f, t, v = cfg.hidden, cfg.ffn_hidden, par.tp, cfg.vocab
     layer = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // t + h + h + 4 * h
     embed = v * h // t + par.seq_len * h
     head = 2 * h + (v * h // t if par.pp > 1 else 0)  # the output layer reuses the embedding when pp == 1
     return {"gpt_layer": layer, "embedding": embed, "lm_head": head}
 
 
-def gpt_profile(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention: str = "flash",
+def gpt_profile(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str = "flash",
                 dropout: float = 0.0) -> Profile:
-    for what, value in (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn), ("vocab", cfg.vocab)):
+    cfg = as_spec(cfg)
+    sizes = (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn_hidden), ("vocab", cfg.vocab))
+    for what, value in sizes:
         if value % par.tp:
             raise ValueError(f"--tp {par.tp} does not divide the model's {what} ({value})")
     if par.sequence_parallel and par.seq_len % par.tp:
@@ -216,6 +139,6 @@ def gpt_profile(cfg: GPTConfig, par: ParallelConfig, hw: Hardware, attention: st
     layers.append(layer("lm_head", "lm_head"))
     info = ModelInfo(name=cfg.name, source="catalog", params=cfg.params(par.seq_len),
                      config={"num_layers": cfg.num_layers, "hidden": cfg.hidden, "heads": cfg.heads,
-                             "ffn_hidden": cfg.ffn, "vocab": cfg.vocab})
+                             "ffn_hidden": cfg.ffn_hidden, "vocab": cfg.vocab})
     return Profile(model=info, parallel=par, hardware=hw, method="analytic", attention=attention, dropout=dropout,
                    blocks=blocks, layers=layers)

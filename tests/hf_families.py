@@ -1,0 +1,36 @@
+"""Tiny Hugging Face configs of the decoder families lynx describes analytically, as one lynx model file:
+`lynx_model(family=...)` builds the HF model (bf16 is applied by the profiler's --dtype). CONFIGS are config.json
+dicts: the analytic side reads the same dict through models.hf_config."""
+
+from __future__ import annotations
+
+import torch
+
+_COMMON = {"vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "hidden_act": "silu", "tie_word_embeddings": False}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+CONFIGS: dict[str, dict] = {
+    "llama": {"model_type": "llama", **_COMMON},
+    "mistral": {"model_type": "mistral", **_COMMON},
+    "qwen2": {"model_type": "qwen2", **_COMMON},
+    "qwen3": {"model_type": "qwen3", "head_dim": 16, **_COMMON},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2, **_COMMON},
+    "qwen2_moe": {"model_type": "qwen2_moe", **_MOE, "shared_expert_intermediate_size": 64,
+                  "norm_topk_prob": False, **_COMMON},
+    "qwen3_moe": {"model_type": "qwen3_moe", "head_dim": 16, **_MOE, "norm_topk_prob": True, **_COMMON},
+    "deepseek_v3": {"model_type": "deepseek_v3", **{**_COMMON, "num_key_value_heads": 4}, "n_routed_experts": 4,
+                    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 0, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+                    "qk_nope_head_dim": 16, "v_head_dim": 16, "n_group": 1, "topk_group": 1,
+                    "norm_topk_prob": True},
+}
+
+
+def lynx_model(family: str = "llama", batch_size: int = 2, seq_len: int = 16):
+    import transformers
+
+    cfg = dict(CONFIGS[family])
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg, max_position_embeddings=seq_len,
+                                               use_cache=False, attn_implementation="sdpa")
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    return model, (torch.randint(0, cfg["vocab_size"], (batch_size, seq_len)),)
