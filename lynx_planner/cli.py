@@ -1309,18 +1309,27 @@ def models_cmd() -> None:
     """List the catalog models."""
     from .models.catalog import MODELS, as_spec
 
-    table = Table(title="catalog models (MODEL may also be a config.json, a lynx model JSON or a .py file)",
-                  title_justify="left")
-    for col in ("name", "family", "params", "active", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab",
-                "source"):
-        table.add_column(col, justify="left" if col in ("name", "family", "source") else "right",
-                         no_wrap=col == "name")
-    for m in map(as_spec, MODELS.values()):
+    from rich import box
+
+    # Narrow enough for 80 columns; the sources, long, follow the table one per line.
+    table = Table(title="catalog models (MODEL may also be a config.json, a model JSON or a .py file)",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    for col in ("name", "family", "params", "layers", "hidden", "heads", "ffn", "experts"):
+        table.add_column(col, justify="left" if col in ("name", "family") else "right", no_wrap=True)
+    specs = list(map(as_spec, MODELS.values()))
+
+    def billions(n: int) -> str:
+        return f"{n / 1e9:.0f}B" if n >= 100e9 else f"{n / 1e9:.1f}B"
+
+    for m in specs:  # MoE: total/active parameters, top-k/experts x expert FFN width
+        params = billions(m.params()) + (f"/{billions(m.active_params())}" if m.moe else "")
         moe = f"{m.moe.top_k}/{m.moe.experts}x{m.moe.expert_ffn}" if m.moe else "-"
-        table.add_row(m.name, m.family, f"{m.params() / 1e9:.2f} B", f"{m.active_params() / 1e9:.2f} B",
-                      str(m.num_layers), str(m.hidden), f"{m.heads}/{m.kv}", str(m.ffn_hidden), moe, str(m.vocab),
-                      m.source)
+        table.add_row(m.name, m.family, params, str(m.num_layers), str(m.hidden), f"{m.heads}/{m.kv}",
+                      str(m.ffn_hidden), moe)
     out.print(table)
+    out.print("sources:")
+    for m in specs:
+        out.print(f"  {m.name}: {m.source} (vocab {m.vocab})", soft_wrap=True)
 
 
 @command("hardware")
