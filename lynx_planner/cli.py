@@ -511,7 +511,8 @@ def _profile_summary(profile: Profile, path: Path) -> None:
                f"{cfg.get('spread', 0):.0%}), planned for {hw.name}" if profile.method == "measure" else
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
-              f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}, "
+              f"{_precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}"
+              f"{f' ep {par.ep}' if par.ep > 1 else ''}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
               f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
