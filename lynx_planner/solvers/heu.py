@@ -445,7 +445,20 @@ class _Planned:
 
 def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple[str, ...] = LYNX_PLACEMENTS
                  ) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
-    """HEU's split and policies, with their full-length evaluation."""
+    """HEU's split and policies, with their full-length evaluation. Keeping everything on Megatron's even split is
+    one of HEU's plans too: where it fits and simulates faster, it wins (the stage model can over-count memory, e.g.
+    under deferred weight passes, and then recompute for nothing)."""
+    best = _heu_strategy(profile, limit, partition, placements)
+    bounds = even_bounds(profile, n_chunks(profile))
+    keep_all = [ev.none_policy(profile, i) for i in range(len(profile.layers))]
+    evaluation = _simulate(profile, bounds, keep_all)
+    if evaluation.fits(limit) and evaluation.better_than(best[2], limit):
+        return bounds, keep_all, evaluation
+    return best
+
+
+def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple[str, ...]
+                  ) -> tuple[list[int], list[LayerPolicy], ev.Evaluation]:
     p = n_chunks(profile)
     # Placing recomputation layer_above hides it but holds one more layer's tensors at the peak: each stage is
     # solved with and without it, and with pooled placements at each pool price.
