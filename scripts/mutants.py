@@ -45,6 +45,7 @@ def M(file: str, original: str, replacement: str, *tests: str, what: str = "") -
 
 B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
+BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
@@ -129,7 +130,7 @@ MUTANTS: list[Mutant] = [
     M("runtime/region.py", "        with self._rng.fork():\n            self._rng.restore()\n",
       "        with self._rng.fork():\n            pass\n", B, "test_runtime_apply.py",
       what="RNG restore before a re-run forward removed"),
-    M("runtime/region.py", "program.shapes[p] != (t.shape, t.dtype)", "False", B, "test_runtime_apply.py",
+    M("runtime/region.py", "program.shapes[p] != (t.shape, t.dtype)", "False", BM, B, "test_runtime_apply.py",
       what="saved-tensor shape divergence check removed"),
     M("runtime/keep.py", "if step.snap_time <= rec.steps[other].index < step.index",
       "if step.snap_time < rec.steps[other].index < step.index", B, "test_runtime_apply.py",
@@ -139,9 +140,9 @@ MUTANTS: list[Mutant] = [
       "key = (signature(slot.module), slot.ops)", B, "test_profiler_model.py",
       what="block key ignoring input shapes"),
     M("profiler/structure.py", "return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)",
-      "return x", B, "test_profiler_model.py", what="layer args not cloned"),
+      "return x", BM, B, "test_profiler_model.py", what="layer args not cloned"),
     M("profiler/recorder.py", "view = not inplace and all(k in in_keys for k in out_keys)",
-      "view = not inplace and any(k in in_keys for k in out_keys)", B, "test_profiler_model.py",
+      "view = not inplace and any(k in in_keys for k in out_keys)", BM, B, "test_profiler_model.py",
       what="view detection all -> any"),
     # this round's bad-input guards (tests/test_bad_input_bounds.py)
     M("tune.py", "    while d * d <= n:", "    while d * d < n:", BI, what="divisors miss the square root"),
@@ -185,7 +186,7 @@ MUTANTS: list[Mutant] = [
     M("solvers/candidates.py", "if i >= 0 and ys[i] <= b + tol_b:", "if i >= 0 and ys[i] < b + tol_b:",
       "test_candidates_scale.py", what="candidate prune <= -> <"),
     M("solvers/repeats.py", "while start + (k + 1) * period <= n and", "while start + (k + 1) * period < n and",
-      "test_candidates_scale.py", what="repeat count misses a run ending at the last layer"),
+      BM, "test_candidates_scale.py", what="repeat count misses a run ending at the last op"),
     M("solvers/heu.py", "e <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s",
       "False and c.rec_s < frontier[-1].cand.rec_s", "test_candidates_scale.py",
       what="HEU frontier tie rule (less recomputation) removed"),
