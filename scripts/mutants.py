@@ -45,6 +45,7 @@ def M(file: str, original: str, replacement: str, *tests: str, what: str = "") -
 
 B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
+BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
@@ -129,7 +130,7 @@ MUTANTS: list[Mutant] = [
     M("runtime/region.py", "        with self._rng.fork():\n            self._rng.restore()\n",
       "        with self._rng.fork():\n            pass\n", B, "test_runtime_apply.py",
       what="RNG restore before a re-run forward removed"),
-    M("runtime/region.py", "program.shapes[p] != (t.shape, t.dtype)", "False", B, "test_runtime_apply.py",
+    M("runtime/region.py", "program.shapes[p] != (t.shape, t.dtype)", "False", BM, B, "test_runtime_apply.py",
       what="saved-tensor shape divergence check removed"),
     M("runtime/keep.py", "if step.snap_time <= rec.steps[other].index < step.index",
       "if step.snap_time < rec.steps[other].index < step.index", B, "test_runtime_apply.py",
@@ -139,9 +140,9 @@ MUTANTS: list[Mutant] = [
       "key = (signature(slot.module), slot.ops)", B, "test_profiler_model.py",
       what="block key ignoring input shapes"),
     M("profiler/structure.py", "return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)",
-      "return x", B, "test_profiler_model.py", what="layer args not cloned"),
+      "return x", BM, B, "test_profiler_model.py", what="layer args not cloned"),
     M("profiler/recorder.py", "view = not inplace and all(k in in_keys for k in out_keys)",
-      "view = not inplace and any(k in in_keys for k in out_keys)", B, "test_profiler_model.py",
+      "view = not inplace and any(k in in_keys for k in out_keys)", BM, B, "test_profiler_model.py",
       what="view detection all -> any"),
     # this round's bad-input guards (tests/test_bad_input_bounds.py)
     M("tune.py", "    while d * d <= n:", "    while d * d < n:", BI, what="divisors miss the square root"),
@@ -164,6 +165,36 @@ MUTANTS: list[Mutant] = [
       what="os._exit in a model file not intercepted"),
     M("plot.py", "write_atomic(path, buf.getvalue())", "path.unlink(missing_ok=True); path.write_bytes(buf.getvalue())",
       BI, what="plot replaces a symlink instead of its target"),
+    # this round's model families, EP, schedules, candidates, accuracy, routing (authors' hand checks, re-run here)
+    M("analytic/ops.py", 'ew(ops, f"{prefix}:pow#0", STAT * elems, saves=[x32])',
+      'ew(ops, f"{prefix}:pow#0", STAT * elems)', "test_analytic_families.py",
+      what="RMSNorm's pow not saving its fp32 input"),
+    M("models/spec.py", "        if self.qkv_bias:\n            p += a * d + 2 * kv * d",
+      "        if False:\n            p += a * d + 2 * kv * d", "test_models_spec.py", what="Qwen2 q/k/v bias dropped"),
+    M("analytic/decoder.py", "m.experts * 3 * h * m.expert_ffn // (t * par.ep)", "m.experts * 3 * h * m.expert_ffn // t",
+      "test_moe_ep.py", what="expert params not divided by ep"),
+    M("analytic/mlp.py", "costs.link(ops.hw, par.tp * ep)", "costs.link(ops.hw, ep)", "test_moe_ep.py",
+      what="all-to-all link chosen from ep, not tp x ep"),
+    M("schedules/interleaved.py", "+ 2 * (p - 1 - rank), total)", "+ (p - 1 - rank), total)", "test_schedules.py",
+      what="interleaved warm-up 2(p-1-r) -> (p-1-r)"),
+    M("schedules/zero_bubble.py", "        if j >= rank:", "        if j > rank:", "test_schedules.py",
+      what="zero-bubble W after B: j >= rank -> j > rank"),
+    M("simulator.py", "send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else",
+      "send = [0.0 if False else", "test_schedules.py", what="sends between chunks of one rank not free"),
+    M("evaluate.py", '"num_microbatches", "schedule", "virtual_stages"):', '"num_microbatches", "schedule"):',
+      "test_schedules.py", what="check not comparing virtual_stages"),
+    M("solvers/candidates.py", "if i >= 0 and ys[i] <= b + tol_b:", "if i >= 0 and ys[i] < b + tol_b:",
+      "test_candidates_scale.py", what="candidate prune <= -> <"),
+    M("solvers/repeats.py", "while start + (k + 1) * period <= n and", "while start + (k + 1) * period < n and",
+      BM, "test_candidates_scale.py", what="repeat count misses a run ending at the last op"),
+    M("solvers/heu.py", "e <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s",
+      "False and c.rec_s < frontier[-1].cand.rec_s", "test_candidates_scale.py",
+      what="HEU frontier tie rule (less recomputation) removed"),
+    M("costs.py", "(_gemm_shape_s(m, n, k, hw) + _gemm_shape_s(k, m, n, hw))", "(2 * _gemm_shape_s(m, k, n, hw))",
+      "test_accuracy.py", what="gemm backward priced at the forward's shape"),
+    M("runtime/routing.py", "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in names)",
+      "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in [expert])",
+      "test_runtime_composition.py", what="shared_keep: kept op not spread to the other experts"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
