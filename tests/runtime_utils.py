@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import socket
 from dataclasses import dataclass
 
@@ -114,3 +115,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class StageModule(nn.Module):
+    """Some layers of a model under the model's paths ('layers.<i>'), batch-first at its boundary: a pipeline stage
+    (or one chunk of an interleaved rank)."""
+
+    def __init__(self, model: nn.Module, indices: range):
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): copy.deepcopy(model.layers[i]) for i in indices})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(0, 1).contiguous()
+        for layer in self.layers.values():
+            x = layer(x)
+        # a copy, never a view (a micro-batch of one is contiguous either way): zero bubble's input-gradient pass
+        # detaches the stage's outputs in place
+        return x.transpose(0, 1).clone(memory_format=torch.contiguous_format)

@@ -16,6 +16,7 @@ from runtime_utils import (
     SEQ,
     Spec,
     Stage,
+    StageModule,
     free_port,
     plan_from_policies,
     tiny_profile,
@@ -63,20 +64,6 @@ def simulated_releases(plan) -> list[dict]:
     prof = tiny_profile(2 * PER_STAGE)
     prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"pp": 2, "num_microbatches": N_MB})})
     return simulator.simulate(prof, evaluate.runs_of(prof, plan.stages), trace=True).releases
-
-
-class StageModule(nn.Module):
-    """Some layers of a model under the model's paths ('layers.<i>'), batch-first at its boundary."""
-
-    def __init__(self, model: Stage, indices: range):
-        super().__init__()
-        self.layers = nn.ModuleDict({str(i): copy.deepcopy(model.layers[i]) for i in indices})
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.transpose(0, 1).contiguous()
-        for layer in self.layers.values():
-            x = layer(x)
-        return x.transpose(0, 1).contiguous()
 
 
 def _set_dropout(model: nn.Module, p: float) -> None:

@@ -4,14 +4,13 @@ refusal of a schedule that is not the plan's (issue 21.7)."""
 
 from __future__ import annotations
 
-import copy
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from runtime_utils import HIDDEN, SEQ, Spec, Stage, free_port, plan_from_policies, tiny_profile
+from runtime_utils import HIDDEN, SEQ, Spec, Stage, StageModule, free_port, plan_from_policies, tiny_profile
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
 from torch.distributed.pipelining import schedules as torch_schedules
@@ -61,25 +60,9 @@ def simulated_releases(prof, plan) -> list[dict]:
     return simulator.simulate(prof, evaluate.runs_of(prof, plan.stages), trace=True).releases
 
 
-class Chunk(nn.Module):
-    """Some layers of the model under the model's paths ('layers.<i>'), batch-first at its boundary."""
-
-    def __init__(self, model: Stage, indices: range):
-        super().__init__()
-        self.layers = nn.ModuleDict({str(i): copy.deepcopy(model.layers[i]) for i in indices})
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.transpose(0, 1).contiguous()
-        for layer in self.layers.values():
-            x = layer(x)
-        # a copy, never a view (a micro-batch of one is contiguous either way): zero bubble's input-gradient pass
-        # detaches the stage's outputs in place
-        return x.transpose(0, 1).clone(memory_format=torch.contiguous_format)
-
-
 def _run(model: Stage, rank: int, plan, x, y, kind):
     chunks = schedules.chunks_of(P, V, rank)
-    modules = [Chunk(model, range(PER_CHUNK * c, PER_CHUNK * (c + 1))) for c in chunks]
+    modules = [StageModule(model, range(PER_CHUNK * c, PER_CHUNK * (c + 1))) for c in chunks]
     stages = [PipelineStage(m, c, P * V, torch.device("cpu")) for m, c in zip(modules, chunks)]
     runtimes = []
     if plan is not None:
@@ -158,7 +141,7 @@ def test_two_ranks_two_chunks_bit_identical_and_releases_as_simulated():
 def test_attach_refuses_a_stage_numbered_for_another_pipeline():
     prof = layers_profile()
     model = Stage(LAYERS, dtype=torch.float32)
-    chunk = Chunk(model, range(4, 6))
+    chunk = StageModule(model, range(4, 6))
     lynx_planner.apply_plan(chunk, hand_plan(prof), stage=2)
     stage = type("S", (), {"num_stages": 2, "stage_index": 0, "submod": chunk})()  # built as if pp 2 without chunks
     with pytest.raises(PlanMismatchError, match="stage 0 of 2.*stage 2 of 4"):
