@@ -1,0 +1,53 @@
+"""The text of `lynx --help` and of each command's --help: the app's description, the longer command descriptions,
+shared option help, the examples at the end of each page, and typer's layout of flags fixed."""
+
+from __future__ import annotations
+
+import typer.core
+
+APP = ("Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide "
+       "recomputation inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, "
+       "`lynx compare p.json`, `lynx plan p.json --algo heu -o plan.json`.")
+
+CHECK = """Verify a plan against its profile and a fresh simulation; exit 1 with the problems if anything differs.
+
+Checked: made for this profile (sha256); stage numbering, layer names, parallel setup and precision are the
+profile's; legal policies whose modes match them; placements that fire; fits memory; every predicted figure and
+the solver's status match a fresh simulation. Prints the simulated figures."""
+
+VALIDATE = """Run plans for real in a torch.distributed.pipelining job here and print predicted vs measured.
+
+One gloo process per stage, plans interleaved; per stage forward, backward, recomputation and activation bytes,
+then the iteration time with its spread over the repeats."""
+
+DISTRIBUTED_OPTIMIZER = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
+                         "torchtitan's FSDP); matters with --dp > 1.")
+
+# Shown at the end of each command's --help (each line a runnable example).
+EXAMPLES = {
+    "profile": ["lynx profile gpt-13b --tp 4 --pp 4 -o profile.json",
+                "lynx profile examples/gpt_model.py --pp 2 -o small.json"],
+    "plan": ["lynx plan profile.json --algo heu -o plan.json",
+             "lynx plan profile.json --algo opt --memory-limit 40GiB --time-limit 30 -o opt.json"],
+    "compare": ["lynx compare profile.json", "lynx compare profile.json --memory-limit 40GiB --algos heu,full --json"],
+    "simulate": ["lynx simulate plan.json", "lynx simulate plan.json --plot timeline.png"],
+    "check": ["lynx check plan.json"],
+    "apply": ["lynx apply small-plan.json examples/gpt_model.py --dry-run",
+              "lynx apply small-plan.json examples/gpt_model.py --dry-run --json"],
+    "validate": ["lynx validate small-plan.json examples/gpt_model.py --repeats 3"],
+    "tune": ["lynx tune gpt-13b --gpus 16 --hardware a100-80g-nvlink --global-batch 64",
+             "lynx tune gpt-1.3b --gpus 8 --hardware a100-80g-nvlink --global-batch 32 --json"],
+    "export": ["lynx export plan.json --to megatron", "lynx export plan.json --to torchtitan"],
+    "bench": ["lynx bench --suite bench/ci --check --baseline bench/ci/baseline.json"],
+}
+
+
+def epilog(name: str) -> str | None:
+    examples = EXAMPLES.get(name)
+    return None if not examples else "Examples:\n\n" + "\n\n".join(f"  $ {e}" for e in examples)
+
+
+# typer 0.29 shows flags (--sequence-parallel, --help) with a '<bool>' type they take no value of: none for flags.
+_display_type_rich = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = (  # type: ignore[method-assign]
+    lambda self, ctx: None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx))

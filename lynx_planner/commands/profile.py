@@ -1,0 +1,86 @@
+"""`lynx profile`: build the profile of a model in one parallel setup on one kind of hardware, write it, and print
+what was profiled and the peak memory of no and full recomputation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..io import InputError, dumps, format_bytes, write_atomic
+from ..schema import ParallelConfig, Profile
+from .choices import Method
+from .options import check_output, hardware as find_hardware, option_errors, threads as check_threads
+from .terminal import err, out
+from .user_code import call_model_file
+
+
+def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micro_batch_size: int | None,
+        seq_len: int | None, num_microbatches: int | None, sequence_parallel: bool, ep: int, attention, dropout: float,
+        method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
+        distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
+        tp_comm_overlap: bool) -> None:
+    check_output(output, "-o", (model, hardware))
+    if not 0.0 <= dropout < 1.0:
+        raise InputError(f"--dropout: {dropout} is not in [0, 1)")
+    if method is not Method.measure and (threads is not None or repeats is not None):
+        raise InputError(f"{'--threads' if threads is not None else '--repeats'} applies to --method measure only")
+    check_threads(threads)
+    hw = find_hardware(hardware)
+    try:
+        par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
+                             num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer,
+                             overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
+                             tp_comm_overlap=tp_comm_overlap, virtual_stages=virtual_stages, ep=ep)
+    except ValidationError as e:
+        raise InputError(option_errors(e)) from None
+
+    from ..build import build_profile, is_model_file
+
+    if is_model_file(model) and dropout:
+        err.print("note: --dropout applies to catalog models; a model file's own dropout modules are profiled")
+    overrides = {k: v for k, v in (("batch_size", micro_batch_size), ("seq_len", seq_len)) if v is not None}
+    profile = call_model_file(Path(model), "profiling", build_profile, model, par, hw,
+                              attention=attention.value if attention else None, dropout=dropout,
+                              method=method.value, device=device.value, overrides=overrides,
+                              dtype=dtype.value if dtype else None, autocast=autocast.value if autocast else None,
+                              threads=threads, repeats=repeats or 5, progress=True,
+                              warn=lambda message: err.print(f"warning: {message}"))
+    write_atomic(output, dumps(profile))
+    summary(profile, output)
+
+
+def precision(profile: Profile) -> str:
+    if profile.autocast:
+        return f"fp32 weights, {profile.autocast} autocast"
+    return f"{profile.dtype} weights" if profile.dtype else "bf16 (analytic)"
+
+
+def summary(profile: Profile, path: Path) -> None:
+    par, hw = profile.parallel, profile.hardware
+    params = profile.model.params
+    cfg = profile.model.config
+    size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
+    if "device" not in cfg:  # a model description (catalog, config.json, model JSON), profiled analytically
+        shapes = f"seq {par.seq_len}"
+        how = f"{profile.method} on {hw.name}"
+    else:  # what was really run: the device, precision and example inputs of the model file
+        shapes = f"inputs {cfg.get('inputs', '?')}"
+        how = (f"measured on {cfg.get('device')} ({cfg.get('threads')} threads, {cfg.get('repeats')} runs, spread "
+               f"{cfg.get('spread', 0):.0%}), planned for {hw.name}" if profile.method == "measure" else
+               f"traced on {cfg.get('device')}, times analytic for {hw.name}")
+    out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
+              f"{precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}"
+              f"{f' ep {par.ep}' if par.ep > 1 else ''}, "
+              f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
+              f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
+              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
+    try:
+        from ..solvers import solve
+
+        peaks = {a: solve(profile, a, 2**62).evaluation.peak_bytes for a in ("none", "full")}
+        out.print(f"peak memory per device on Megatron's even split: no recomputation {format_bytes(peaks['none'])}, "
+                  f"full recomputation {format_bytes(peaks['full'])}")
+    except Exception:  # a summary line is not worth failing for
+        pass

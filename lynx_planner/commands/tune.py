@@ -1,0 +1,178 @@
+"""`lynx tune`: search parallel layouts and recomputation together (logic in lynx_planner/tune.py), print the best
+configurations (or, without --gpus, the fewest GPUs that fit), and write the best one's profile and plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..io import InputError, format_bytes
+from ..models.hardware import default_memory_limit
+from ..schema import Hardware
+from .options import check_output, hardware as find_hardware, size
+from .tables import gib, table
+from .terminal import err, out, progress_bar
+from .user_code import call_model_file
+
+
+def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len: int, memory_limit: str | None,
+        time_limit: float | None, top: int, ep: int | None, distributed_optimizer: bool, as_json: bool,
+        out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None) -> None:
+    from .. import schedules as schedule_names
+    from .. import tune
+
+    names = schedule_names.NAMES if schedule.strip() == "all" else tuple(s.strip() for s in schedule.split(",")
+                                                                         if s.strip())
+    unknown = [s for s in names if s not in schedule_names.NAMES]
+    if unknown or not names:
+        raise InputError(f"--schedule: unknown schedule {unknown[0] if unknown else schedule!r} (expected 'all' or "
+                         f"some of {', '.join(schedule_names.NAMES)})")
+
+    kinds = [find_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
+    if not kinds:
+        raise InputError("--hardware: empty list")
+    if out_dir is not None and (len(kinds) > 1 or gpus is None):
+        raise InputError("--out: needs one --hardware and --gpus (it writes that configuration's files)")
+    if out_dir is not None:
+        check_out_dir(out_dir)
+    if plot is not None:
+        if len(kinds) > 1 or gpus is None:
+            raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
+        check_output(plot, "--plot")
+    limit = size(memory_limit, "--memory-limit")
+    if gpus is None:
+        if names != ("1f1b",) or virtual_stages is not None:
+            raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
+        return size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json)
+    json_rows = []
+    for hw in kinds:
+        profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer,
+                                 call=lambda fn, *a, **k: call_model_file(Path(model), "profiling", fn, *a, **k))
+        bar, report = progress_bar(f"{hw.name}:")
+        with bar:
+            result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
+                               distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
+                               or not as_json, names=names, virtual=virtual_stages, ep=ep)
+        if as_json:
+            json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
+        else:
+            print_tune(model, gpus, hw, global_batch, seq_len, limit or default_memory_limit(hw), result)
+        if result.time_limit_hit:
+            left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
+            err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
+                      "planned; the table covers those reached")
+        if not result.top and result.time_limit_hit:
+            raise InputError(f"--time-limit: {time_limit:g} s ran out before any layout of {model} on {gpus} x "
+                             f"{hw.name} was planned")
+        if not result.top:
+            raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
+                             f"{format_bytes(limit or default_memory_limit(hw))}, even with full recomputation")
+        if out_dir is not None:
+            if result.best_plan is None:
+                raise InputError(f"--out: HEU found no plan for the best layout {result.top[0].layout.label()}")
+            check_out_dir(out_dir)
+            written = tune.write_outputs(result, out_dir)
+            if not as_json:
+                out.print(f"wrote {written[0]} and {written[1]} ({result.top[0].layout.label()}; check with "
+                          f"`lynx check {written[1]}`)")
+        if plot is not None:
+            from ..plot import time_memory
+
+            labelled = {id(r) for r in result.top[:5]}
+            points = [{"algo": r.algo, "peak_memory_bytes": r.peak_memory_bytes,
+                       "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+                       "label": r.layout.label() if id(r) in labelled else ""} for r in result.rows if r.fits]
+            time_memory(points, limit or default_memory_limit(hw), f"{model} on {gpus} x {hw.name}, global batch "
+                        f"{global_batch}", plot, y="tokens_per_s_per_gpu")
+            if not as_json:
+                out.print(f"wrote {plot}")
+    if as_json:
+        typer.echo(json.dumps(json_rows, indent=1))
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """--out: a directory (created here) where profile.json and plan.json can both be written; checked before the
+    search, so a bad target costs nothing and no file in it is replaced."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: --out is a file, expected a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{out_dir}: --out: cannot create the directory: {e.strerror}") from None
+    for name in ("profile.json", "plan.json"):
+        check_output(out_dir / name, "--out")
+
+
+def layout_cells(lay) -> list[str]:
+    v = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+    pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{v})"
+    return [f"{lay.tp}x{pp}x{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else ""),
+            f"{lay.micro_batch_size}x{lay.num_microbatches}",
+            "y" if lay.sequence_parallel else "-"]
+
+
+def tune_table(title: str, result, best_meg):
+    shown = table(title, (("#", "right"), ("tp×pp×dp", "left"), ("mb×M", "left"), ("sp", "left"), ("algo", "left"),
+                          ("tok/s/GPU", "right"), ("iter s", "right"), ("GiB", "right"), ("fits", "left"),
+                          ("speedup", "right")), collapse_padding=True)
+    shown.columns[0].min_width = 2
+    base = best_meg.tokens_per_s_per_gpu if best_meg else None
+    for i, r in enumerate(result.top, 1):
+        rate = r.tokens_per_s_per_gpu
+        shown.add_row(str(i), *layout_cells(r.layout), r.algo, f"{rate:.1f}" if rate < 1e6 else f"{rate:.3g}",
+                      f"{r.iteration_time_s:.3f}" if r.iteration_time_s >= 0.01 else f"{r.iteration_time_s:.2e}",
+                      gib(r.peak_memory_bytes), "yes" if r.fits else "[red]no[/red]",
+                      f"{r.tokens_per_s_per_gpu / base:.3f}x" if base else "-")
+    return shown
+
+
+def print_tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int, limit: int, result) -> None:
+    title = (f"{model} on {gpus} x {hw.name}, global batch {global_batch} x {seq_len} tokens, "
+             f"limit {format_bytes(limit)}")
+    out.print(tune_table(title, result, result.best_megatron))
+    meg = result.best_megatron
+    if meg is not None:
+        out.print(f"speedup: over the best Megatron-style configuration, {meg.layout.label()} {meg.algo} "
+                  f"({meg.tokens_per_s_per_gpu:.1f} tok/s/GPU, {meg.iteration_time_s:.3f} s)")
+    out.print(f"{result.enumerated} layouts: {result.planned} planned with HEU and Megatron, {result.megatron_only} "
+              f"with Megatron only, {result.too_big} do not fit even with full recomputation, {result.pruned} skipped "
+              f"(their balanced ideal cannot enter the table); {result.elapsed_s:.1f} s")
+
+
+def size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int, limit: int | None,
+            time_limit: float | None, distributed_optimizer: bool, as_json: bool) -> None:
+    from .. import tune
+
+    rows = []
+    for hw in kinds:
+        bar, report = progress_bar(f"{hw.name}:")
+        with bar:
+            sizing = tune.size_up(model, hw, global_batch, seq_len, limit, time_limit=time_limit,
+                                  distributed_optimizer=distributed_optimizer, progress=report)
+        if sizing.fewest_gpus is None:
+            rows.append({"hardware": hw.name, "gpus": None, "fewest": True, "row": None})
+        for n, result in sizing.results:
+            best = result.top[0] if result.top else None
+            rows.append({"hardware": hw.name, "gpus": n, "fewest": n == sizing.fewest_gpus, "row": best})
+    if as_json:
+        typer.echo(json.dumps([{"hardware": r["hardware"], "gpus": r["gpus"], "fewest_gpus": r["fewest"],
+                                **(r["row"].json() if r["row"] else {})} for r in rows], indent=1))
+        return
+    title = (f"{model}: global batch {global_batch} x {seq_len} tokens; the fewest GPUs that fit, and twice and four "
+             "times that")
+    shown = table(title, (("hardware", "left"), ("GPUs", "right"), ("tp×pp×dp", "left"), ("mb×M", "left"),
+                          ("sp", "left"), ("algo", "left"), ("tok/s/GPU", "right"), ("iter s", "right"),
+                          ("GiB", "right")), collapse_padding=True)
+    for r in rows:
+        best = r["row"]
+        if best is None:
+            shown.add_row(r["hardware"], "-" if r["gpus"] is None else str(r["gpus"]), "does not fit", "", "", "",
+                          "", "", "")
+            continue
+        shown.add_row(r["hardware"], f"{r['gpus']}{' *' if r['fewest'] else ''}", *layout_cells(best.layout),
+                      best.algo, f"{best.tokens_per_s_per_gpu:.1f}", f"{best.iteration_time_s:.3f}",
+                      gib(best.peak_memory_bytes))
+    out.print(shown)
+    out.print("* the fewest GPUs (powers of two) on which some layout fits in memory")
