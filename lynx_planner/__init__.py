@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version string: pyproject.toml reads it (tool.setuptools.dynamic)
 
 
 def __getattr__(name: str) -> object:

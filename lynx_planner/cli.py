@@ -57,9 +57,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
-    """Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide recomputation
-    inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, `lynx compare p.json`,
-    `lynx plan p.json --algo heu -o plan.json`."""
+    """The options before a command (--version); `lynx --help` shows helptext.APP."""
 
 
 DEFAULT_HARDWARE = "a100-80g-nvlink"
@@ -130,7 +128,7 @@ def profile_cmd(
     schedule: Annotated[Schedule, typer.Option(
         help="Pipeline schedule: 1f1b, gpipe, interleaved-1f1b (virtual stages, Megatron's interleaved order; needs "
              "--virtual-stages >= 2), zero-bubble (torch's ScheduleInterleavedZeroBubble, ZB1P: backward split into "
-             "input and weight gradients; docs/schedules.md).")] = Schedule.one_f_one_b,
+             "input and weight gradients; docs/schedules.md).")] = Schedule("1f1b"),
     virtual_stages: Annotated[int, typer.Option(
         min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
                     "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,

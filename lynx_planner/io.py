@@ -1,5 +1,6 @@
 """Reading and writing lynx files: clear errors naming the file and field, strict JSON, atomic writes that destroy
-nothing, content hashes, and the Ctrl-C flag that stops a write after a native solver swallowed the interrupt."""
+nothing (and, for a command, appear all together once it succeeded), content hashes, and the Ctrl-C flag that stops
+a write after a native solver swallowed the interrupt."""
 
 from __future__ import annotations
 
@@ -186,7 +187,8 @@ def _umask() -> int:
 def write_atomic(path: str | Path, text: str | bytes) -> None:
     """Write to a temporary file beside the target, then rename it over: a reader never sees a partial file, and
     only a regular file (or nothing) is ever replaced. A new file gets the umask's mode, a replaced one keeps its
-    own. Nothing is written once Ctrl-C was pressed, even if a native solver swallowed it."""
+    own. Nothing is written once Ctrl-C was pressed, even if a native solver swallowed it. Inside `Outputs` the
+    rename waits for the command to succeed."""
     raise_if_interrupted()
     target = output_target(path)
     try:
@@ -202,12 +204,73 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
             f.write(text)
         os.chmod(tmp, mode)
         raise_if_interrupted()
-        os.replace(tmp, target)
+        if _outputs:
+            _outputs[-1].staged.append((Path(tmp), target, path))
+        else:
+            _replace(Path(tmp), target, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise InputError(f"{path}: cannot write: {e.strerror}") from None
         raise
+
+
+def _replace(tmp: Path, target: Path, path: str | Path) -> None:
+    try:
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def make_directory(path: Path, what: str) -> None:
+    """mkdir -p; inside `Outputs` the directories made are removed again (if still empty) when the command fails."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{path}: {what}: cannot create the directory: {e.strerror}") from None
+    if _outputs:
+        _outputs[-1].made += missing  # deepest first
+
+
+class Outputs:
+    """A command's output files, all or nothing: inside `with Outputs() as outputs:` each write_atomic leaves its
+    file staged beside its target, and only `outputs.commit()` (once the command succeeded and its report reached
+    stdout) moves them into place. Leaving without a commit (an error, a full stdout, Ctrl-C) removes the staged
+    files and the directories made for them, so a failed command leaves no output behind."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[Path, Path, str | Path]] = []
+        self.made: list[Path] = []
+
+    def __enter__(self) -> "Outputs":
+        _outputs.append(self)
+        return self
+
+    def commit(self) -> None:
+        raise_if_interrupted()
+        staged, self.staged, self.made = self.staged, [], []
+        for i, (tmp, target, path) in enumerate(staged):
+            try:
+                _replace(tmp, target, path)
+            except InputError:
+                for later, _, _ in staged[i + 1:]:
+                    later.unlink(missing_ok=True)
+                raise
+
+    def __exit__(self, *exc: object) -> None:
+        _outputs.remove(self)
+        for tmp, _, _ in self.staged:
+            tmp.unlink(missing_ok=True)
+        for directory in self.made:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (something else was written there): keep it
+                break
+
+
+_outputs: list[Outputs] = []  # the Outputs being collected (innermost last)
 
 
 # --- Ctrl-C -------------------------------------------------------------------------------------------------------

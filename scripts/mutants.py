@@ -46,6 +46,7 @@ def M(file: str, original: str, replacement: str, *tests: str, what: str = "") -
 B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
+W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
@@ -196,6 +197,24 @@ MUTANTS: list[Mutant] = [
     M("runtime/routing.py", "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in names)",
       "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in [expert])",
       "test_runtime_composition.py", what="shared_keep: kept op not spread to the other experts"),
+    # the command line's wiring and terminal leftovers (issues 18, 20)
+    M("commands/helptext.py", "if _typer_options_panel is not None:", "if False:", W,
+      what="cli leftover: --help cuts option names at 80 columns"),
+    M("commands/helptext.py", "            if isinstance(part, Text):\n                part.overflow = \"fold\"",
+      "            pass", W, what="cli leftover: --help cuts long words of option help"),
+    M("commands/options.py", "    if limit > hw.memory_bytes:", "    if limit >= hw.memory_bytes:", W,
+      what="cli leftover: the device's whole memory refused as a limit"),
+    M("commands/plan.py", 'device_limit(size(memory_limit, "--memory-limit"), profile.hardware, f" in {profile_path}")',
+      '(size(memory_limit, "--memory-limit") or device_limit(None, profile.hardware))', W,
+      what="cli leftover: plan takes a limit above the device"),
+    M("commands/tune.py", "            os.rmdir(tempfile.mkdtemp(",
+      "            out_dir.mkdir(parents=True) or os.rmdir(tempfile.mkdtemp(", W,
+      what="cli leftover: tune --out made before the search"),
+    M("io.py", "        if _outputs:\n            _outputs[-1].staged",
+      "        if False:\n            _outputs[-1].staged", W,
+      what="cli leftover: outputs written before the report is out"),
+    M("io.py", "                directory.rmdir()", "                pass", W,
+      what="cli leftover: directories made for failed outputs kept"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

@@ -4,53 +4,21 @@ from __future__ import annotations
 
 from enum import Enum
 
-
-class Attention(str, Enum):
-    flash = "flash"
-    math = "math"
+from ..schedules import NAMES as SCHEDULES
 
 
-class Method(str, Enum):
-    analytic = "analytic"
-    measure = "measure"
+def choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """A str Enum whose members are named and valued by the choices themselves (`Method.measure`,
+    `Schedule("1f1b")`)."""
+    return Enum(name, [(v, v) for v in values], type=str)  # type: ignore[return-value]
 
 
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class Schedule(str, Enum):  # lynx_planner/schedules
-    one_f_one_b = "1f1b"
-    gpipe = "gpipe"
-    interleaved_1f1b = "interleaved-1f1b"
-    zero_bubble = "zero-bubble"
-
-
-class Partition(str, Enum):
-    even = "even"
-    auto = "auto"
-
-
-class Dtype(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class AutocastDtype(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Framework(str, Enum):
-    megatron = "megatron"
-    torchtitan = "torchtitan"
-    torchtitan_02 = "torchtitan-0.2"
-
-
-class SchemaName(str, Enum):
-    profile = "profile"
-    plan = "plan"
-    hardware = "hardware"
-    model = "model"
+Attention = choices("Attention", ("flash", "math"))
+Method = choices("Method", ("analytic", "measure"))
+Device = choices("Device", ("cpu", "cuda"))
+Schedule = choices("Schedule", SCHEDULES)  # one per module of lynx_planner/schedules
+Partition = choices("Partition", ("even", "auto"))
+Dtype = choices("Dtype", ("fp32", "bf16", "fp16"))
+AutocastDtype = choices("AutocastDtype", ("bf16", "fp16"))
+Framework = choices("Framework", ("megatron", "torchtitan", "torchtitan-0.2"))
+SchemaName = choices("SchemaName", ("profile", "plan", "hardware", "model"))

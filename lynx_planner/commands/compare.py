@@ -10,9 +10,8 @@ from typing import Any
 import typer
 
 from ..io import InputError, dumps_json, format_bytes, raise_if_interrupted
-from ..models.hardware import default_memory_limit
 from ..schema import Profile
-from .options import algos as algo_names, check_output, load_profile, seconds, size
+from .options import algos as algo_names, check_output, device_limit, load_profile, seconds, size
 from .tables import in_unit, ms, table, unit
 from .terminal import err, out, progress as progress_bar
 
@@ -65,7 +64,7 @@ def run(profile_path: Path, memory_limit: str | None, algos: str | None, time_li
     names = algo_names(algos)
     time_limit = seconds(time_limit)
     profile = load_profile(profile_path)
-    limit = size(memory_limit, "--memory-limit") or default_memory_limit(profile.hardware)
+    limit = device_limit(size(memory_limit, "--memory-limit"), profile.hardware, f" in {profile_path}")
     rows = compare_rows(profile, names, limit, time_limit, progress=True)
     for r in rows:
         if not r["available"]:

@@ -38,7 +38,7 @@ def run(plan_path: Path, to: Framework, profile: Path | None) -> None:
             typer.echo(f"# {note}")
         typer.echo(export.TORCHTITAN_HOOK.format(module=args[0][1], config=args[1][1], plan=plan_path.name))
         return
-    if to is Framework.torchtitan_02:
+    if to is Framework("torchtitan-0.2"):
         typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_02_VERSION}: job config (TOML)")
         typer.echo(export.toml(export.torchtitan(plan, prof)))
         typer.echo(export.TORCHTITAN_APPLY)

@@ -4,21 +4,21 @@ shared option help, the examples at the end of each page, and typer's layout of 
 from __future__ import annotations
 
 import typer.core
+import typer.rich_utils
 
 APP = ("Plan activation recomputation for pipeline-parallel transformer training (the Lynx method: hide "
        "recomputation inside communication waits). Typical use: `lynx profile gpt-13b --tp 4 --pp 4 -o p.json`, "
        "`lynx compare p.json`, `lynx plan p.json --algo heu -o plan.json`.")
 
-CHECK = """Verify a plan against its profile and a fresh simulation; exit 1 with the problems if anything differs.
+# One line per paragraph: typer keeps a docstring's line breaks, which at other widths break sentences mid-line.
+CHECK = ("Verify a plan against its profile and a fresh simulation; exit 1 with the problems if anything differs.\n\n"
+         "Checked: made for this profile (sha256); stage numbering, layer names, parallel setup and precision are the "
+         "profile's; legal policies whose modes match them; placements that fire; fits memory; every predicted figure "
+         "and the solver's status match a fresh simulation. Prints the simulated figures.")
 
-Checked: made for this profile (sha256); stage numbering, layer names, parallel setup and precision are the
-profile's; legal policies whose modes match them; placements that fire; fits memory; every predicted figure and
-the solver's status match a fresh simulation. Prints the simulated figures."""
-
-VALIDATE = """Run plans for real in a torch.distributed.pipelining job here and print predicted vs measured.
-
-One gloo process per stage, plans interleaved; per stage forward, backward, recomputation and activation bytes,
-then the iteration time with its spread over the repeats."""
+VALIDATE = ("Run plans for real in a torch.distributed.pipelining job here and print predicted vs measured.\n\n"
+            "One gloo process per stage, plans interleaved; per stage forward, backward, recomputation and activation "
+            "bytes, then the iteration time with its spread over the repeats.")
 
 DISTRIBUTED_OPTIMIZER = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
                          "torchtitan's FSDP); matters with --dp > 1.")
@@ -51,3 +51,46 @@ def epilog(name: str) -> str | None:
 _display_type_rich = typer.core.TyperOption.display_type_rich
 typer.core.TyperOption.display_type_rich = (  # type: ignore[method-assign]
     lambda self, ctx: None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx))
+
+
+def whole_option_names(panel):
+    """Typer lays an options panel out as columns of long names, short names, negative long names (--no-x), negative
+    short names, type and help, all squeezable: at 80 columns rich cuts `--distributed-optimizer` to
+    `--distributed-…`. Stack each negative name under its positive one and keep the name columns on one line, so
+    that the help column alone gives way (folding, not cutting, its longest words)."""
+    from rich.text import Text
+
+    table = panel.renderable
+    columns = table.columns
+    if len(columns) < 6:  # not the layout this was written for: leave it as typer made it
+        return panel
+    long, short, negative, negative_short = columns[-6], columns[-5], columns[-4], columns[-3]
+    long._cells = [Text("\n").join([name, no]) if no.plain else name for name, no in zip(long._cells, negative._cells)]
+    for column in (long, short):
+        column.no_wrap = True
+    for cell in columns[-1]._cells:  # typer's help cell: Columns of Texts; a word longer than the column folds
+        for part in getattr(cell, "renderables", [cell]):
+            if isinstance(part, Text):
+                part.overflow = "fold"
+    table.columns.remove(negative)
+    if not any(cell.plain for cell in negative_short._cells):
+        table.columns.remove(negative_short)
+    return panel
+
+
+def _print_options_panel(**kwargs) -> None:
+    printed = []
+
+    class Capture:
+        def print(self, panel) -> None:
+            printed.append(panel)
+
+    console = kwargs.pop("console")
+    _typer_options_panel(console=Capture(), **kwargs)
+    for panel in printed:
+        console.print(whole_option_names(panel))
+
+
+_typer_options_panel = getattr(typer.rich_utils, "_print_options_panel", None)
+if _typer_options_panel is not None:
+    typer.rich_utils._print_options_panel = _print_options_panel

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..io import InputError, find_beside, load_model, output_target, parse_size, same_file
+from ..io import InputError, find_beside, format_bytes, load_model, output_target, parse_size, same_file
 from ..schema import Hardware, Plan, Profile
 
 
@@ -27,6 +27,19 @@ def check_output(path: Path, option: str = "-o", inputs: tuple[Path | str | None
 
 def size(text: str | None, option: str) -> int | None:
     return None if text is None else parse_size(text, option)
+
+
+def device_limit(limit: int | None, hw: Hardware, where: str = "") -> int:
+    """The memory limit on this device: --memory-limit, else the device less its reserve. A limit above the device's
+    memory is refused, as `lynx check` refuses a plan made with one."""
+    from ..models.hardware import default_memory_limit
+
+    if limit is None:
+        return default_memory_limit(hw)
+    if limit > hw.memory_bytes:
+        raise InputError(f"--memory-limit: {format_bytes(limit)} ({limit} B) exceeds the device's memory "
+                         f"{format_bytes(hw.memory_bytes)} ({hw.memory_bytes} B, {hw.name}{where})")
+    return limit
 
 
 def seconds(value: float | None, option: str = "--time-limit") -> float | None:

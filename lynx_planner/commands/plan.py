@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io import InputError, dumps, file_sha256, format_bytes, raise_if_interrupted, write_atomic
-from ..models.hardware import default_memory_limit
 from ..schema import Plan, Profile
-from .options import check_output, load_profile, seconds, size
+from .options import check_output, device_limit, load_profile, seconds, size
 from .tables import in_unit, ms, percent, table, unit
 from .terminal import err, out
 
@@ -23,7 +22,7 @@ def run(profile_path: Path, algo: str, output: Path, memory_limit: str | None, t
     time_limit = seconds(time_limit)
     profile = load_profile(profile_path)
     sha = file_sha256(profile_path)
-    limit = size(memory_limit, "--memory-limit") or default_memory_limit(profile.hardware)
+    limit = device_limit(size(memory_limit, "--memory-limit"), profile.hardware, f" in {profile_path}")
     try:
         with err.status(f"searching ({algo}) ..."):
             plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,

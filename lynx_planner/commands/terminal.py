@@ -14,7 +14,14 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from ..io import InputError, catch_interrupts, describe_validation, raise_if_interrupted, restore_interrupts
+from ..io import (
+    InputError,
+    Outputs,
+    catch_interrupts,
+    describe_validation,
+    raise_if_interrupted,
+    restore_interrupts,
+)
 
 out = Console(highlight=False, soft_wrap=True)  # stdout (resolved at print time, so test runners can capture it)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -30,19 +37,24 @@ def fail(message: str, code: int = 2) -> None:
 
 def guarded(fn: Callable) -> Callable:
     """Turn bad input into exit 2 with a short message on stderr (set LYNX_DEBUG=1 to see tracebacks), and Ctrl-C
-    into exit 130, also when a native solver swallowed it (io.catch_interrupts records it)."""
+    into exit 130, also when a native solver swallowed it (io.catch_interrupts records it). The command's output files
+    are put in place only once it succeeded and its report reached stdout (`io.Outputs`): a failure leaves none."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         previous = catch_interrupts()
         try:
-            try:
-                result = fn(*args, **kwargs)
-                raise_if_interrupted()
-            except typer.Exit:
-                flush_stdout()  # a check's verdict (exit 1) that could not be printed is not a verdict
-                raise
-            flush_stdout()
+            with Outputs() as outputs:  # the files it writes appear once the command's report is out
+                try:
+                    result = fn(*args, **kwargs)
+                    raise_if_interrupted()
+                except typer.Exit as e:
+                    flush_stdout()  # a check's verdict (exit 1) that could not be printed is not a verdict
+                    if e.exit_code in (0, 1):  # done, or a verdict (bench --check keeps its report)
+                        outputs.commit()
+                    raise
+                flush_stdout()
+                outputs.commit()
             return result
         except OSError as e:  # stdout full or closed (`lynx check p.json > /dev/full`), or a file that vanished
             if os.environ.get("LYNX_DEBUG"):

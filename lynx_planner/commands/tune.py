@@ -4,14 +4,16 @@ configurations (or, without --gpus, the fewest GPUs that fit), and write the bes
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import typer
 
-from ..io import InputError, format_bytes
+from ..io import InputError, format_bytes, make_directory
 from ..models.hardware import default_memory_limit
 from ..schema import Hardware
-from .options import check_output, hardware as find_hardware, size
+from .options import check_output, device_limit, hardware as find_hardware, size
 from .tables import gib, table
 from .terminal import err, out, progress_bar
 from .user_code import call_model_file
@@ -42,6 +44,8 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
             raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
         check_output(plot, "--plot")
     limit = size(memory_limit, "--memory-limit")
+    for hw in kinds:
+        device_limit(limit, hw)
     if gpus is None:
         if names != ("1f1b",) or virtual_stages is not None:
             raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
@@ -72,6 +76,7 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
         if out_dir is not None:
             if result.best_plan is None:
                 raise InputError(f"--out: HEU found no plan for the best layout {result.top[0].layout.label()}")
+            make_directory(out_dir, "--out")
             check_out_dir(out_dir)
             written = tune.write_outputs(result, out_dir)
             if not as_json:
@@ -93,14 +98,18 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """--out: a directory (created here) where profile.json and plan.json can both be written; checked before the
-    search, so a bad target costs nothing and no file in it is replaced."""
+    """--out: a directory where profile.json and plan.json can both be written, or one that can be made; checked
+    before the search, so a bad target costs nothing, and made only when the results are written (a failed or
+    interrupted search leaves nothing behind)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"{out_dir}: --out is a file, expected a directory")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"{out_dir}: --out: cannot create the directory: {e.strerror}") from None
+    if not out_dir.is_dir():
+        parent = next(p for p in out_dir.absolute().parents if p.exists())
+        try:  # can it be made? (a directory made and removed at once)
+            os.rmdir(tempfile.mkdtemp(prefix=".lynx-", dir=parent))
+        except OSError as e:
+            raise InputError(f"{out_dir}: --out: cannot create the directory in {parent}: {e.strerror}") from None
+        return
     for name in ("profile.json", "plan.json"):
         check_output(out_dir / name, "--out")
 
