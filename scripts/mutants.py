@@ -215,6 +215,8 @@ MUTANTS: list[Mutant] = [
       what="cli leftover: outputs written before the report is out"),
     M("io.py", "                directory.rmdir()", "                pass", W,
       what="cli leftover: directories made for failed outputs kept"),
+    M("commands/choices.py", "[(v, v) for v in values]", "[(v, v) for v in values[:3]]", W,
+      what="cli leftover: an option's last choices dropped (zero-bubble)"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

@@ -205,3 +205,26 @@ def test_setuptools_reads_the_version_from_the_package(tmp_path):
 
     config = read_configuration(ROOT / "pyproject.toml", expand=True)
     assert config["project"]["version"] == __version__
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# choices
+
+
+def test_every_schedule_module_is_a_choice_of_profile(tmp_path):
+    """`--schedule` offers exactly the schedules of lynx_planner/schedules (a new module is a new choice), each
+    recorded in the profile it writes."""
+    import json
+
+    from lynx_planner.schedules import NAMES, SCHEDULES
+
+    r = CliRunner().invoke(app, ["profile", "gpt-1.3b", "--schedule", "bogus", "-o", tmp_path / "x.json"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "is not one of " + ", ".join(f"'{n}'" for n in NAMES) + "." in r.output
+    for name in NAMES:
+        out = tmp_path / f"{name}.json"
+        virtual = max(1, SCHEDULES[name].virtual[0])
+        r = lynx("profile", "gpt-1.3b", "--pp", 2, "--num-microbatches", 4, "--schedule", name,
+                 "--virtual-stages", virtual, "-o", out)
+        assert r.exit_code == 0, r.output
+        assert json.loads(out.read_text())["parallel"]["schedule"] == name
