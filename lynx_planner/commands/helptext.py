@@ -58,12 +58,14 @@ def whole_option_names(panel):
     short names, type and help, all squeezable: at 80 columns rich cuts `--distributed-optimizer` to
     `--distributed-…`. Stack each negative name under its positive one and keep the name columns on one line, so
     that the help column alone gives way (folding, not cutting, its longest words)."""
+    from rich.table import Table
     from rich.text import Text
 
-    table = panel.renderable
-    columns = table.columns
-    if len(columns) < 6:  # not the layout this was written for: leave it as typer made it
-        return panel
+    table = getattr(panel, "renderable", None)
+    columns = table.columns if isinstance(table, Table) else []
+    cells = [getattr(column, "_cells", None) for column in columns[-6:]]
+    if len(columns) < 6 or not all(isinstance(c, list) and all(isinstance(x, Text) for x in c) for c in cells[:4]):
+        return panel  # not the layout this was written for (another typer or rich): leave it as typer made it
     long, short, negative, negative_short = columns[-6], columns[-5], columns[-4], columns[-3]
     long._cells = [Text("\n").join([name, no]) if no.plain else name for name, no in zip(long._cells, negative._cells)]
     for column in (long, short):
@@ -78,14 +80,17 @@ def whole_option_names(panel):
     return panel
 
 
-def _print_options_panel(**kwargs) -> None:
+def _print_options_panel(*args, **kwargs) -> None:
+    """typer's own, printing what it made through whole_option_names."""
     printed = []
 
     class Capture:
         def print(self, panel) -> None:
             printed.append(panel)
 
-    console = kwargs.pop("console")
+    console = kwargs.pop("console", None)
+    if args or console is None:  # not the call this was written for
+        return _typer_options_panel(*args, **kwargs, **({"console": console} if console is not None else {}))
     _typer_options_panel(console=Capture(), **kwargs)
     for panel in printed:
         console.print(whole_option_names(panel))
