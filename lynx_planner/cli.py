@@ -36,6 +36,16 @@ from .commands.terminal import guarded
 DISTRIBUTED_OPTIMIZER = True
 DISTRIBUTED_OPTIMIZER_HELP = helptext.DISTRIBUTED_OPTIMIZER
 
+# Declarations several commands share: one spelling, one help, one default.
+PlanFile = Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")]
+ProfileFile = Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")]
+ModelFile = Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")]
+MemoryLimit = Annotated[Optional[str], typer.Option(
+    show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
+    help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")]
+DistributedOptimizer = Annotated[bool, typer.Option(
+    "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)]
+
 app = typer.Typer(
     name="lynx",
     help=helptext.APP,
@@ -125,16 +135,11 @@ def profile_cmd(
         min=1, show_default="torch's default", help="--method measure: CPU threads of the measured runs.")] = None,
     repeats: Annotated[Optional[int], typer.Option(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
-    schedule: Annotated[Schedule, typer.Option(
-        help="Pipeline schedule: 1f1b, gpipe, interleaved-1f1b (virtual stages, Megatron's interleaved order; needs "
-             "--virtual-stages >= 2), zero-bubble (torch's ScheduleInterleavedZeroBubble, ZB1P: backward split into "
-             "input and weight gradients; docs/schedules.md).")] = Schedule("1f1b"),
+    schedule: Annotated[Schedule, typer.Option(help=helptext.SCHEDULE)] = Schedule("1f1b"),
     virtual_stages: Annotated[int, typer.Option(
         min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
                     "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
-    distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
-    ] = DISTRIBUTED_OPTIMIZER,
+    distributed_optimizer: DistributedOptimizer = DISTRIBUTED_OPTIMIZER,
     overlap_grad_reduce: Annotated[bool, typer.Option(
         "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Reduce DP gradients during the last backward "
         "(Megatron --overlap-grad-reduce).")] = True,
@@ -152,14 +157,12 @@ def profile_cmd(
 
 @command("plan")
 def plan_cmd(
-    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")],
+    profile_path: ProfileFile,
     algo: Annotated[str, typer.Option(
         help="heu (Lynx heuristic), opt (Lynx MILP), none, full, selective, uniform, block (Megatron-LM), "
              "checkmate, adapipe.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan JSON.")],
-    memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
-        help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
+    memory_limit: MemoryLimit = None,
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, show_default="the solver's own", help="Seconds the MILP solvers (opt, checkmate) may search.")]
     = None,
@@ -177,10 +180,8 @@ def plan_cmd(
 
 @command("compare")
 def compare_cmd(
-    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.json", help="A profile from `lynx profile`.")],
-    memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
-        help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")] = None,
+    profile_path: ProfileFile,
+    memory_limit: MemoryLimit = None,
     algos: Annotated[Optional[str], typer.Option(
         show_default="all: heu,opt,none,full,selective,uniform,block,checkmate,adapipe",
         help="Comma-separated algorithms to compare.")] = None,
@@ -204,7 +205,7 @@ def compare_cmd(
 
 @command("simulate")
 def simulate_cmd(
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
+    plan_path: PlanFile,
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile to simulate against.")]
     = None,
@@ -222,7 +223,7 @@ def simulate_cmd(
 
 @command("check", help=helptext.CHECK)
 def check_cmd(
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
+    plan_path: PlanFile,
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="Profile the plan must be valid for.")]
     = None,
@@ -232,8 +233,8 @@ def check_cmd(
 
 @command("apply")
 def apply_cmd(
-    plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan`.")],
-    model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
+    plan_path: PlanFile,
+    model_path: ModelFile,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show what apply_plan would do to each layer, without training.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the layers as a JSON list (stage, layer, module, "
@@ -246,7 +247,7 @@ def apply_cmd(
 @command("validate", help=helptext.VALIDATE)
 def validate_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` (pp stages).")],
-    model_path: Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model file the plan was made for.")],
+    model_path: ModelFile,
     repeats: Annotated[int, typer.Option(min=1, help="Timed iterations per plan.")] = 5,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed iterations per plan first.")] = 2,
     threads: Annotated[Optional[int], typer.Option(
@@ -268,10 +269,7 @@ def bench_cmd(
         help="Suite directory holding suite.json (a list of {profile, memory_limits}).")] = Path("bench"),
     baseline: Annotated[Optional[Path], typer.Option(
         show_default="SUITE/baseline.json", help="Quality baseline to check against or update.")] = None,
-    check: Annotated[bool, typer.Option(
-        "--check", help="Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the suite's tolerance, not "
-        "the baseline file's), broke memory, or any plan failed `lynx check`. Refused (exit 2) without heu and opt, "
-        "or with a baseline that is empty or lacks a case or an algorithm that runs.")] = False,
+    check: Annotated[bool, typer.Option("--check", help=helptext.BENCH_CHECK)] = False,
     update: Annotated[bool, typer.Option(
         "--update", help="Write the baseline from this run (quality numbers only, no search times).")] = False,
     algos: Annotated[Optional[str], typer.Option(
@@ -297,18 +295,14 @@ def tune_cmd(
         "--gpus", min=1, show_default="per kind, the fewest that fit and a few sizes above",
         help="Number of GPUs.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
-    memory_limit: Annotated[Optional[str], typer.Option(
-        show_default="the device memory less the reserve (1 GiB + 4%)",
-        help="Per-device memory budget: 80GiB, 40GB, 512MiB or bytes.")] = None,
+    memory_limit: MemoryLimit = None,
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, help="Seconds the layout search may take; layouts not reached by then are not planned.")] = 300.0,
     top: Annotated[int, typer.Option(min=1, help="Configurations to show.")] = 10,
     ep: Annotated[Optional[int], typer.Option(
         "--ep", min=1, show_default="MoE models: every size dividing dp and the experts",
         help="Expert parallelism to use (MoE models) instead of searching it.")] = None,
-    distributed_optimizer: Annotated[bool, typer.Option(
-        "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)
-    ] = DISTRIBUTED_OPTIMIZER,
+    distributed_optimizer: DistributedOptimizer = DISTRIBUTED_OPTIMIZER,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON row per (layout, algorithm) planned instead of the table.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option(
@@ -331,9 +325,7 @@ def tune_cmd(
 @command("export")
 def export_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` or `lynx tune`.")],
-    to: Annotated[Framework, typer.Option("--to", help="megatron: Megatron-LM arguments; torchtitan: torchtitan "
-                                          "0.3 command-line arguments and the LynxAC hook; torchtitan-0.2: a "
-                                          "torchtitan 0.2.2 TOML job file and the apply_plan call.")],
+    to: Annotated[Framework, typer.Option("--to", help=helptext.EXPORT_TO)],
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="The plan's profile.")] = None,
 ) -> None:

@@ -20,6 +20,18 @@ VALIDATE = ("Run plans for real in a torch.distributed.pipelining job here and p
             "One gloo process per stage, plans interleaved; per stage forward, backward, recomputation and activation "
             "bytes, then the iteration time with its spread over the repeats.")
 
+# Option help too long to read inside the declarations.
+SCHEDULE = ("Pipeline schedule: 1f1b, gpipe, interleaved-1f1b (virtual stages, Megatron's interleaved order; needs "
+            "--virtual-stages >= 2), zero-bubble (torch's ScheduleInterleavedZeroBubble, ZB1P: backward split into "
+            "input and weight gradients; docs/schedules.md).")
+
+BENCH_CHECK = ("Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the suite's tolerance, not the baseline "
+               "file's), broke memory, or any plan failed `lynx check`. Refused (exit 2) without heu and opt, or with "
+               "a baseline that is empty or lacks a case or an algorithm that runs.")
+
+EXPORT_TO = ("megatron: Megatron-LM arguments; torchtitan: torchtitan 0.3 command-line arguments and the LynxAC hook; "
+             "torchtitan-0.2: a torchtitan 0.2.2 TOML job file and the apply_plan call.")
+
 DISTRIBUTED_OPTIMIZER = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
                          "torchtitan's FSDP); matters with --dp > 1.")
 
