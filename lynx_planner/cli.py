@@ -4,8 +4,8 @@ Wiring only: each command declares its options here and calls its module in lynx
 tables and checks live. Exit codes (see shared/CONTRACT.md): 0 done; 1 a check, comparison or regression found a
 violation; 2 bad input (usage, unreadable or invalid file, a memory limit no strategy meets, a model file that
 fails). Bad input is reported in one place (`commands.terminal.guarded`) as a few lines on stderr naming the file and
-field, never as a traceback, and no output file is left behind (files are written with `io.write_atomic` once
-everything succeeded).
+field, never as a traceback, and no output file is left behind (`io.Outputs` puts a command's files in place only
+once it succeeded and its report reached stdout).
 """
 
 from __future__ import annotations
