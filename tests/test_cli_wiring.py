@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import lynx, small_profile
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from conftest import lynx, small_profile
 from lynx_planner import __version__
 from lynx_planner.cli import app
 from lynx_planner.io import dumps

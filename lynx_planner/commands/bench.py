@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from .options import algos as algo_names, seconds
+from .options import algos as algo_names
+from .options import seconds
 from .terminal import out
 
 

@@ -10,7 +10,8 @@ import typer
 from ..io import InputError, dumps, format_bytes, write_atomic
 from ..schema import Hardware, Plan, Profile
 from .choices import SchemaName
-from .options import check_output, threads as check_threads
+from .options import check_output
+from .options import threads as check_threads
 from .tables import table
 from .terminal import out
 

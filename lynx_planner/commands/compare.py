@@ -11,9 +11,11 @@ import typer
 
 from ..io import InputError, dumps_json, format_bytes, raise_if_interrupted
 from ..schema import Profile
-from .options import algos as algo_names, check_output, device_limit, load_profile, seconds, size
+from .options import algos as algo_names
+from .options import check_output, device_limit, load_profile, seconds, size
 from .tables import in_unit, ms, table, unit
-from .terminal import err, out, progress as progress_bar
+from .terminal import err, out
+from .terminal import progress as progress_bar
 
 
 def compare_rows(profile: Profile, algos: list[str], limit: int, time_limit: float | None,

@@ -16,7 +16,6 @@ from .tables import gib
 
 def run(plan_path: Path, to: Framework, profile: Path | None) -> None:
     from .. import export
-
     from ..evaluate import verify
 
     plan = load_plan(plan_path)

@@ -10,7 +10,9 @@ from pydantic import ValidationError
 from ..io import InputError, dumps, format_bytes, write_atomic
 from ..schema import ParallelConfig, Profile
 from .choices import Method
-from .options import check_output, hardware as find_hardware, option_errors, threads as check_threads
+from .options import check_output, option_errors
+from .options import hardware as find_hardware
+from .options import threads as check_threads
 from .terminal import err, out
 from .user_code import call_model_file
 

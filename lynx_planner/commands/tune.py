@@ -13,7 +13,8 @@ import typer
 from ..io import InputError, format_bytes, make_directory
 from ..models.hardware import default_memory_limit
 from ..schema import Hardware
-from .options import check_output, device_limit, hardware as find_hardware, size
+from .options import check_output, device_limit, size
+from .options import hardware as find_hardware
 from .tables import gib, table
 from .terminal import err, out, progress_bar
 from .user_code import call_model_file

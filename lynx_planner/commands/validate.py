@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from ..io import InputError
-from .options import load_plan, threads as check_threads
+from .options import load_plan
+from .options import threads as check_threads
 from .terminal import out
 from .user_code import call_model_file
 
