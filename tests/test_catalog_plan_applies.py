@@ -1,17 +1,23 @@
 """A plan made from an analytic description (a config.json, as for the catalog's llama3-8b at a narrower width)
 applies to the Hugging Face model built from that config: the analytic op ids are those lynx's profiler records for
-the HF family, so the keep/recompute sets land on the real ops, with bit-identical gradients."""
+the HF family, so the keep/recompute sets land on the real ops, with bit-identical gradients. The same plan applies
+to torchtitan's Llama 3 of the same depth (its ops mapped by role, runtime/names.py) with bit-identical gradients
+(torchtitan extra; skipped without it)."""
 
 from __future__ import annotations
 
+import copy
+import importlib.util
 import json
 
 import pytest
 import torch
 from conftest import lynx
 
+from lynx_planner import policy
 from lynx_planner.io import load_model
-from lynx_planner.runtime import apply_plan
+from lynx_planner.runtime import apply_plan, runtime_of
+from lynx_planner.runtime.names import block_policy
 from lynx_planner.schema import LayerPolicy, Plan, Profile
 from lynx_planner.simulator import layer_run
 
@@ -21,6 +27,8 @@ CONFIG = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "num_hidd
           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "hidden_act": "silu",
           "tie_word_embeddings": False}
 SEQ, BATCH = 16, 2
+needs_torchtitan = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                                      reason="torchtitan is not installed (pip install 'lynx-planner[torchtitan]')")
 
 
 def hf_llama() -> torch.nn.Module:
@@ -86,3 +94,58 @@ def test_the_loss_counts_on_the_last_stage_and_no_plan_names_it(tmp_path):
         named = [op for st in plan.stages for p in st.policies for op in (*p.keep, *p.recompute)]
         assert named and not [op for op in named if op.startswith("loss:")], algo
         assert plan.predicted.stages[-1].activation_bytes >= fp32
+
+
+@pytest.fixture(scope="module")
+def heu_plan(tmp_path_factory):
+    """The analytic profile of CONFIG and its HEU plan at a limit that makes it recompute."""
+    d = tmp_path_factory.mktemp("analytic")
+    (d / "config.json").write_text(json.dumps(CONFIG))
+    assert lynx("profile", d / "config.json", "--hardware", "h100-80g-nvlink", "--seq-len", str(SEQ),
+                "--micro-batch-size", str(BATCH), "-o", d / "profile.json").exit_code == 0
+    r = lynx("plan", d / "profile.json", "--algo", "heu", "--memory-limit", "3.0MiB", "-o", d / "plan.json")
+    assert r.exit_code == 0, r.output
+    return d / "plan.json"
+
+
+@needs_torchtitan
+def test_analytic_heu_plan_applies_to_torchtitans_llama(heu_plan, tmp_path):
+    """HF op ids (bf16: the norms' upcasts and casts back, RoPE's casts) land on the torchtitan ops of the same role:
+    each kept HF tensor's counterpart is a tensor torchtitan's block saves too (from a profile of that block)."""
+    from lynx_planner.integrations.torchtitan import debug_llama3
+
+    plan = load_model(heu_plan, Plan)
+    kept_hf = [op for p in plan.stages[0].policies if p.block == "LlamaDecoderLayer" for op in p.keep]
+    assert kept_hf and any(p.recompute for p in plan.stages[0].policies if p.block == "LlamaDecoderLayer")
+    (tmp_path / "tt.py").write_text(  # torchtitan's Llama 3 with separate q, k, v projections
+        "import torch\nfrom lynx_planner.integrations.torchtitan import debug_llama3\n\n"
+        "def lynx_model():\n    return debug_llama3(layers=1, fuse_qkv=False), (torch.randint(0, 2048, (2, 16)),)\n")
+    r = lynx("profile", tmp_path / "tt.py", "--dtype", "bf16", "-o", tmp_path / "tt.json")
+    assert r.exit_code == 0, r.output
+    block = load_model(tmp_path / "tt.json", Profile).blocks["Llama3TransformerBlock"]
+    saved = {ref for op in block.ops for ref in op.saves}
+
+    torch.manual_seed(3)
+    base = debug_llama3(layers=CONFIG["num_hidden_layers"], fuse_qkv=False, dtype=torch.bfloat16)
+    # role by role: keeping every tensor HF's block saves is keeping every tensor torchtitan's block saves
+    hf_block = load_model(heu_plan.parent / "profile.json", Profile).blocks["LlamaDecoderLayer"]
+    keep_all = LayerPolicy(layers=(1, 2), block="LlamaDecoderLayer", mode="selective",
+                           keep=list(policy.analyse(hf_block).units))
+    assert set(block_policy(keep_all, base.layers["0"], "layers.0").keep) == set(policy.analyse(block).units)
+    tokens = torch.randint(0, 2048, (BATCH, SEQ))
+    planned = apply_plan(copy.deepcopy(base), heu_plan, stage=0)
+    layers = runtime_of(planned).layers
+    assert [l.path for l in layers] == ["tok_embeddings", *(f"layers.{i}" for i in range(4)), "norm", "lm_head"]
+    for layer in layers[1:5]:
+        assert layer.keep and layer.keep <= saved, sorted(layer.keep - saved)
+
+    def step(model):
+        model.zero_grad(set_to_none=True)
+        model(tokens).float().square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    reference, got = step(base), step(planned)
+    assert got.keys() == reference.keys()
+    for name, g in got.items():
+        assert torch.equal(g, reference[name]), name
+    assert runtime_of(planned).recomputations(0)  # the plan recomputed in torchtitan's blocks

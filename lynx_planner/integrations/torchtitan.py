@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing
 
@@ -56,9 +57,11 @@ class LynxAC(ActivationCheckpointing):
         apply_plan(model, plan, stage=stage, names="torchtitan")
 
 
-def debug_llama3(layers: int = 6, fuse_qkv: bool = True) -> nn.Module:
+def debug_llama3(layers: int = 6, fuse_qkv: bool = True, dtype: torch.dtype | None = None) -> nn.Module:
     """torchtitan's `llama3 debugmodel` (dim 256, 16 heads, vocab 2048) with `layers` blocks, initialised, with
-    SDPA inner attention: flex attention, its language-model default, has no backward on the CPU."""
+    SDPA inner attention: flex attention, its language-model default, has no backward on the CPU. `dtype`: its
+    floating weights and buffers in that precision (`model.to(dtype)` would also cast the complex rotary cache to a
+    real one, dropping its imaginary part)."""
     from torchtitan.models.common import compute_ffn_hidden_dim
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import _build_llama3_layers, model_registry
@@ -72,4 +75,8 @@ def debug_llama3(layers: int = 6, fuse_qkv: bool = True) -> nn.Module:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
     model = config.build()
     model.init_states()
+    if dtype is not None:
+        for t in (*model.parameters(), *model.buffers()):
+            if t.is_floating_point():
+                t.data = t.data.to(dtype)
     return model
