@@ -149,3 +149,17 @@ def test_analytic_heu_plan_applies_to_torchtitans_llama(heu_plan, tmp_path):
     for name, g in got.items():
         assert torch.equal(g, reference[name]), name
     assert runtime_of(planned).recomputations(0)  # the plan recomputed in torchtitan's blocks
+
+    # a selective final norm (HF's LlamaRMSNorm ids) on torchtitan's RMSNorm: both upcasts kept, rsqrt recomputed
+    info = policy.analyse(load_model(heu_plan.parent / "profile.json", Profile).blocks["LlamaRMSNorm"])
+    keep = frozenset(u for u in info.units if "rsqrt" not in u)
+    last = plan.stages[0].policies[-2]
+    assert last.block == "LlamaRMSNorm"
+    plan.stages[0].policies[-2] = last.model_copy(update={"mode": "selective", "keep": sorted(keep),
+                                                          "recompute": list(policy.closure(info, keep))})
+    planned = apply_plan(copy.deepcopy(base), plan, stage=0)
+    assert runtime_of(planned).layers[5].keep == {":_to_copy#0", ":mul#0"}  # the upcast; what the weight reads
+    got = step(planned)
+    for name, g in got.items():
+        assert torch.equal(g, reference[name]), name
+    assert 5 in runtime_of(planned).recomputations(0)

@@ -158,10 +158,24 @@ def _ops_of(policy: LayerPolicy) -> str | None:
 def layer_policy(policy: LayerPolicy, module: nn.Module, name: str, path: str) -> LayerPolicy:
     """The policy of plan layer `name` for the module at `path`: a full recomputation of a layer found under another
     name drops its op list (it recomputes the whole layer, whose op ids follow the other layout); blocks' op ids are
-    translated by `block_policy`."""
+    translated by `block_policy`, a final RMSNorm's between HF and torchtitan by role."""
     if name != path and policy.mode == "full":
         return policy.model_copy(update={"keep": [], "recompute": []})
+    sides = _final_norm_sides(name, module)
+    if name != path and policy.mode == "selective" and sides is not None:
+        src, dst = sides
+        roles = _norm_roles("final", "", "", _low_precision(policy)).values()
+        return _translate(policy, {pair[src]: pair[dst] for pair in roles}, module, path, ("hf", "torchtitan")[dst])
     return block_policy(policy, module, path)
+
+
+def _final_norm_sides(name: str, module: nn.Module) -> tuple[int, int] | None:
+    """(plan side, module side) of the norm table (0: HF, 1: torchtitan) when plan layer `name` is one library's final
+    norm and `module` the other's RMSNorm, else None."""
+    src = next((i for i, conv in enumerate(("hf", "torchtitan")) if role(CONVENTIONS[conv], name) == ("final", 0)),
+               None)
+    dst = 0 if hasattr(module, "variance_epsilon") else 1 if isinstance(module, nn.RMSNorm) else None
+    return (src, dst) if src is not None and dst is not None and src != dst else None
 
 
 def _low_precision(policy: LayerPolicy) -> bool:
@@ -187,14 +201,6 @@ def block_policy(policy: LayerPolicy, module: nn.Module, path: str) -> LayerPoli
         table.update({roles[r][0]: _FUSED_QKV for r in ("q", "k", "v")})
     if src == 1:
         table[_FUSED_QKV] = roles["q"][0]  # the fused GEMM's output holds q, k and v: keep all three
-
-    keep: list[str] = []
-    for op in policy.keep:
-        if op not in table:
-            raise PlanMismatchError(
-                f"layer {path!r}: the plan keeps {op!r}, which has no counterpart in {target}'s "
-                f"{type(module).__name__}; re-plan from a profile of this model (lynx profile)")
-        keep.append(table[op])
     if fused:
         kept = {r for r in ("q", "k", "v") if roles[r][0] in policy.keep}
         if kept and len(kept) < 3:
@@ -202,6 +208,19 @@ def block_policy(policy: LayerPolicy, module: nn.Module, path: str) -> LayerPoli
                 f"layer {path!r}: the plan keeps the {', '.join(sorted(kept))} projection(s) but not all of q, k, v, "
                 f"which torchtitan computes in one GEMM ({_FUSED_QKV.split(':')[0]}); build the model with "
                 "fuse_qkv=False or re-plan from a profile of this model")
+    return _translate(policy, table, module, path, target)
+
+
+def _translate(policy: LayerPolicy, table: dict[str, str], module: nn.Module, path: str, target: str) -> LayerPolicy:
+    """The policy's ids through `table`: every kept op needs a counterpart (else refused, naming it); a recomputed op
+    without one is dropped (an op not kept is recomputed anyway)."""
+    keep: list[str] = []
+    for op in policy.keep:
+        if op not in table:
+            raise PlanMismatchError(
+                f"layer {path!r}: the plan keeps {op!r}, which has no counterpart in {target}'s "
+                f"{type(module).__name__}; re-plan from a profile of this model (lynx profile)")
+        keep.append(table[op])
     recompute = [table[op] for op in policy.recompute if op in table and table[op] not in keep]
     return policy.model_copy(update={"keep": list(dict.fromkeys(keep)),
                                      "recompute": list(dict.fromkeys(recompute))})
