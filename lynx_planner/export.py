@@ -300,10 +300,8 @@ TORCHTITAN_HOOK = '''\
 # the policy is in the config). torchtitan's parallelize calls LynxAC.apply(model) once per pipeline model part;
 # the plan's stage is found from the layers the part holds, layer and op names are mapped onto torchtitan's.
 from torchtitan.models.{module}.config_registry import {config}
-from lynx_planner.integrations.torchtitan import LynxAC
+from lynx_planner.integrations.torchtitan import with_lynx_plan
 
 def {config}_lynx():
-    config = {config}()
-    config.activation_checkpoint = LynxAC.Config(plan="{plan}")
-    return config
+    return with_lynx_plan({config}(), plan="{plan}")
 '''

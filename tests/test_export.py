@@ -119,7 +119,7 @@ def test_cli_export(plan_file):
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan"])
     assert r.exit_code == 0, r.output
     assert "--parallelism.pipeline_parallel_degree 2" in r.stdout and "activation-checkpoint:none" in r.stdout
-    assert "--training.disable_cuda_graphs" in r.stdout and "LynxAC.Config(plan=" in r.stdout
+    assert "--training.disable_cuda_graphs" in r.stdout and "with_lynx_plan(" in r.stdout
     assert "tok_embeddings,layers.0" in r.stdout and ",norm,lm_head" in r.stdout  # 0.3.0: lm_head, not output
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan-0.2"])
     assert r.exit_code == 0, r.output
