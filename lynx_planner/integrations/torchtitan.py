@@ -19,25 +19,14 @@ import tyro
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing, ActivationCheckpointingConfig
 
 from ..io import load_model
-from ..runtime import PlanMismatchError, apply_plan
-from ..runtime.names import layer_paths
-from ..runtime.stages import layer_policies
+from ..runtime import apply_plan
+from ..runtime.names import stage_of
 from ..schema import Plan
 
 
 def plan_stage(model: nn.Module, plan: Plan) -> int:
     """The plan's stage whose layers this model part holds (torchtitan's pipeline split keeps `layers.N`)."""
-    found = dict(model.named_modules())
-    for st in plan.stages:
-        modes = [p.mode for p in layer_policies(st)]
-        try:
-            paths = layer_paths(model, plan, st.layer_names, modes, "torchtitan")
-        except PlanMismatchError:
-            continue
-        if all(p is None or p in found for p in paths) and any(p is not None for p in paths):
-            return st.stage
-    raise PlanMismatchError(f"no stage of the plan has its layers in this model part (it has e.g. "
-                            f"{', '.join(n for n in list(found)[1:6])})")
+    return stage_of(model, plan, "torchtitan")
 
 
 class LynxAC(ActivationCheckpointing):

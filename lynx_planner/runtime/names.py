@@ -13,12 +13,16 @@ recomputes (an op not kept is recomputed anyway).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torch import nn
 
+from ..io import load_model
 from ..layouts import CONVENTIONS, Convention, plan_convention, role
 from ..opid import split_id, split_use
 from ..schema import LayerPolicy, Plan
 from .errors import PlanMismatchError
+from .stages import layer_policies
 
 
 def module_convention(module: nn.Module) -> tuple[Convention, str] | None:
@@ -92,6 +96,25 @@ def layer_paths(module: nn.Module, plan: Plan, names: list[str], modes: list[str
                 f"module's {target.name} layout {', '.join(repr(prefix + f) for f in target.final)}")
         out.append(path)
     return out
+
+
+def stage_of(module: nn.Module, plan: Plan | str | Path, names: str | None = None) -> int:
+    """The plan's stage whose layers `module`, one pipeline model part, holds (a pipeline split keeps the model's
+    paths, `layers.N`, and drops the rest). With virtual stages a rank holds several parts, chunks rank, rank + pp,
+    ...: the plan's stages are those chunks, so the pipeline rank alone does not name a part's stage."""
+    if not isinstance(plan, Plan):
+        plan = load_model(plan, Plan)
+    found = dict(module.named_modules())
+    for st in plan.stages:
+        modes = [p.mode for p in layer_policies(st)]
+        try:
+            paths = layer_paths(module, plan, st.layer_names, modes, names)
+        except PlanMismatchError:
+            continue
+        if all(p is None or p in found for p in paths) and any(p is not None for p in paths):
+            return st.stage
+    raise PlanMismatchError(f"no stage of the plan has its layers in this model part (it has e.g. "
+                            f"{', '.join(n for n in list(found)[1:6])})")
 
 
 # Ops of a Llama block by role: Hugging Face's LlamaDecoderLayer (as lynx's profiler records it) and torchtitan
@@ -227,4 +250,4 @@ def _translate(policy: LayerPolicy, table: dict[str, str], module: nn.Module, pa
 
 
 __all__ = ["CONVENTIONS", "Convention", "block_ops", "block_policy", "layer_paths", "layer_policy", "module_convention",
-           "plan_convention"]
+           "plan_convention", "stage_of"]
