@@ -86,6 +86,10 @@ def test_the_loss_counts_on_the_last_stage_and_no_plan_names_it(tmp_path):
         assert run.kept_bytes == head.input_bytes + fp32  # held whatever the plan
         assert sum(run.fwd[0::2]) == pytest.approx(sum(op.fwd_s for op in head.ops))
         assert sum(run.bwd[0::2]) == pytest.approx(sum(op.bwd_s for op in head.ops))
+    info = policy.analyse(head)
+    assert loss.id not in info.units and loss.id not in policy.full_recompute(info)
+    assert "outside the layer" in policy.validate(info, [loss.id], [])  # an old plan naming it: refused by check
+    assert "outside the layer" in policy.validate(info, [], [":mm#0", loss.id])
     for algo, limit in (("heu", "1.6MiB"), ("none", None), ("full", None)):
         out = tmp_path / f"{algo}.json"
         r = lynx("plan", prof, "--algo", algo, "-o", out, *(("--memory-limit", limit) if limit else ()))
