@@ -154,6 +154,14 @@ def test_analytic_heu_plan_applies_to_torchtitans_llama(heu_plan, tmp_path):
         assert torch.equal(g, reference[name]), name
     assert runtime_of(planned).recomputations(0)  # the plan recomputed in torchtitan's blocks
 
+    # the same through torchtitan's AC hook (what parallelize does with the trainer config's AC)
+    from lynx_planner.integrations.torchtitan import LynxAC
+    hooked = copy.deepcopy(base)
+    LynxAC.Config(plan=str(heu_plan)).build().apply(hooked)
+    assert [(l.path, l.keep) for l in runtime_of(hooked).layers] == [(l.path, l.keep) for l in layers]
+    got = step(hooked)
+    assert got.keys() == reference.keys() and all(torch.equal(g, reference[n]) for n, g in got.items())
+
     # a selective final norm (HF's LlamaRMSNorm ids) on torchtitan's RMSNorm: both upcasts kept, rsqrt recomputed
     info = policy.analyse(load_model(heu_plan.parent / "profile.json", Profile).blocks["LlamaRMSNorm"])
     keep = frozenset(u for u in info.units if "rsqrt" not in u)
