@@ -251,10 +251,12 @@ TORCHTITAN_APPLY = '''\
 # torchtitan/models/llama3/infra/parallelize.py, in parallelize_llama(model, parallel_dims, job_config):
 # after apply_tp(...) and before apply_compile / apply_fsdp (activation_checkpoint.mode = "none", so apply_ac
 # does not wrap the layers first). Under PP this runs once per model part; the part keeps the model's
-# module paths (layers.N), which the plan's layer_names refer to.
+# module paths (layers.N), which the plan's layer_names refer to, and they tell the part's stage: with virtual
+# stages a rank holds several parts (chunks rank, rank + pp, ...), and the plan's stages are those chunks.
 import lynx_planner
-stage = parallel_dims.get_mesh("pp").get_local_rank() if parallel_dims.pp_enabled else 0
-model = lynx_planner.apply_plan(model, "plan.json", stage=stage)
+from lynx_planner.runtime.names import stage_of
+stage = stage_of(model, "plan.json", "torchtitan-0.2")
+model = lynx_planner.apply_plan(model, "plan.json", stage=stage, names="torchtitan-0.2")
 '''
 
 
@@ -300,10 +302,8 @@ TORCHTITAN_HOOK = '''\
 # the policy is in the config). torchtitan's parallelize calls LynxAC.apply(model) once per pipeline model part;
 # the plan's stage is found from the layers the part holds, layer and op names are mapped onto torchtitan's.
 from torchtitan.models.{module}.config_registry import {config}
-from lynx_planner.integrations.torchtitan import LynxAC
+from lynx_planner.integrations.torchtitan import with_lynx_plan
 
 def {config}_lynx():
-    config = {config}()
-    config.activation_checkpoint = LynxAC.Config(plan="{plan}")
-    return config
+    return with_lynx_plan({config}(), plan="{plan}")
 '''

@@ -5,7 +5,9 @@ A *saved unit* is an op whose tensors some backward needs: its output (when anot
 is recomputed, and so, transitively, is every op whose output a recomputed op reads and that is not kept (the
 recompute stops early there, as PyTorch's non-reentrant checkpoint does). The block input is always kept. Forward
 collectives may also be kept (their output), so that recomputation never repeats a TP collective. View ops are
-transparent: they stand for the op that produced their storage.
+transparent: they stand for the op that produced their storage. An op tagged OUTSIDE runs after the layer's module,
+in the training stack's own code (the loss after the output head): no plan keeps or recomputes it (the runtime cannot
+act on it), and what it saves is held from forward to backward whatever the plan, like the block input.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 from .memo import per_object
 from .schema import BLOCK_INPUT, Block
+
+OUTSIDE = "outside"  # Op tag: the op runs outside the layer's module (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class BlockInfo:
     unit_bytes: dict[str, int]  # bytes held when an op is kept
     fwd_s: dict[str, float]
     collective: frozenset[str]
+    held_bytes: int = 0  # what OUTSIDE ops save: held whatever the plan
 
 
 @per_object
@@ -40,9 +45,10 @@ def analyse(block: Block) -> BlockInfo:
     for op in block.ops:
         needed.update(base[ref] for ref in op.saves)
     needed.discard(BLOCK_INPUT)
+    outside = {op.id for op in block.ops if OUTSIDE in op.tags}
     real = [op for op in block.ops if not op.view]
-    units = tuple(op.id for op in real if op.id in needed or op.aux_bytes > 0)
-    collective = frozenset(op.id for op in real if op.kind == "collective")
+    units = tuple(op.id for op in real if op.id not in outside and (op.id in needed or op.aux_bytes > 0))
+    collective = frozenset(op.id for op in real if op.kind == "collective" and op.id not in outside)
     fwd_coll = tuple(op.id for op in real if op.id in collective and op.fwd_s > 0 and op.out_bytes > 0)
     keepable = tuple(op.id for op in real if op.id in units or op.id in fwd_coll)
     unit_bytes = {
@@ -59,6 +65,7 @@ def analyse(block: Block) -> BlockInfo:
         unit_bytes=unit_bytes,
         fwd_s={op.id: op.fwd_s for op in real},
         collective=collective,
+        held_bytes=sum(unit_bytes[o] for o in outside if o in unit_bytes),
     )
 
 
@@ -89,7 +96,7 @@ class PolicyCost:
 
 def cost(info: BlockInfo, keep: frozenset[str], recompute: tuple[str, ...]) -> PolicyCost:
     return PolicyCost(
-        kept_bytes=info.block.input_bytes + sum(info.unit_bytes[o] for o in keep),
+        kept_bytes=info.block.input_bytes + info.held_bytes + sum(info.unit_bytes[o] for o in keep),
         recomputed_bytes=sum(info.unit_bytes[o] for o in recompute if o in info.units),
         recompute_s=sum(info.fwd_s[o] for o in recompute),
         replays_collective=any(o in info.collective and info.fwd_s[o] > 0 for o in recompute),
@@ -103,6 +110,10 @@ def validate(info: BlockInfo, keep: list[str], recompute: list[str]) -> str | No
         unknown = [o for o in ops if o not in known]
         if unknown:
             return f"{name} names ops that block {info.block.name!r} does not have: {', '.join(unknown[:3])}"
+    outside = [o for o in (*keep, *recompute) if OUTSIDE in info.block.ops[info.order[o]].tags]
+    if outside:
+        return (f"names ops that run outside the layer, in the training stack (a loss): {', '.join(outside[:3])}; "
+                "no plan keeps or recomputes them")
     bad = [o for o in keep if o not in info.keepable]
     if bad:
         return f"keep names ops whose tensors no backward needs: {', '.join(bad[:3])}"
@@ -125,7 +136,7 @@ def none_keep(info: BlockInfo) -> frozenset[str]:
 
 def full_recompute(info: BlockInfo) -> tuple[str, ...]:
     """Megatron's full recomputation replays the whole layer forward, collectives included."""
-    return tuple(op.id for op in info.block.ops if not op.view)
+    return tuple(op.id for op in info.block.ops if not op.view and OUTSIDE not in op.tags)
 
 
 def selective_keep(info: BlockInfo) -> frozenset[str]:

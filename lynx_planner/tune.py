@@ -31,6 +31,14 @@ from .simulator import optimizer_step_s, segments
 
 MEGATRON = ("full", "selective", "block")  # Megatron-LM's built-in recomputation methods
 MEGATRON_ROWS = MEGATRON + ("none",)  # block with N = 0 is Megatron without recomputation
+# The pipeline schedules Megatron-LM runs (core_v0.20.0, d98e8a6: get_forward_backward_func picks 1F1B, interleaved
+# 1F1B with virtual stages, or no pipelining; no GPipe, no zero bubble): the Megatron-style baseline is one of these.
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def is_megatron(row: Row) -> bool:
+    """A row Megatron-LM could run as it is: its recomputation and its pipeline schedule."""
+    return row.algo in MEGATRON_ROWS and row.layout.schedule in MEGATRON_SCHEDULES
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # chunks per rank tried for interleaved schedules (Megatron: layers divide evenly)
 
@@ -379,7 +387,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
         best_possible = tokens / bound_s / gpus
         ranked = _rank(rows)
         kth_heu = [r for r in ranked if r.algo == "heu"]
-        meg = [r for r in ranked if r.algo in MEGATRON_ROWS]
+        meg = [r for r in ranked if is_megatron(r)]
         heu_bar = kth_heu[top - 1].tokens_per_s_per_gpu if len(kth_heu) >= top else 0.0
         meg_bar = meg[0].tokens_per_s_per_gpu if meg else 0.0
         if best_possible < min(heu_bar, meg_bar):
@@ -418,7 +426,7 @@ def _finish(rows: list[Row], profiles: Profiles, limit: int, tokens: float, gpus
         _replace(rows, r, full)
         table.append(full)
     best_meg = None
-    for r in [r for r in _rank(rows) if r.algo in MEGATRON_ROWS][:3]:
+    for r in [r for r in _rank(rows) if is_megatron(r)][:3]:
         full = simulate_full(profiles(r.layout), r, limit, tokens, gpus)
         _replace(rows, r, full)
         if full.fits and (best_meg is None or full.tokens_per_s_per_gpu > best_meg.tokens_per_s_per_gpu):

@@ -24,6 +24,8 @@ CONFIGS: dict[str, dict] = {
                     "qk_nope_head_dim": 16, "v_head_dim": 16, "n_group": 1, "topk_group": 1,
                     "norm_topk_prob": True},
 }
+# DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
+CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 
 
 def lynx_model(family: str = "llama", batch_size: int = 2, seq_len: int = 16):

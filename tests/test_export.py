@@ -119,7 +119,7 @@ def test_cli_export(plan_file):
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan"])
     assert r.exit_code == 0, r.output
     assert "--parallelism.pipeline_parallel_degree 2" in r.stdout and "activation-checkpoint:none" in r.stdout
-    assert "--training.disable_cuda_graphs" in r.stdout and "LynxAC.Config(plan=" in r.stdout
+    assert "--training.disable_cuda_graphs" in r.stdout and "with_lynx_plan(" in r.stdout
     assert "tok_embeddings,layers.0" in r.stdout and ",norm,lm_head" in r.stdout  # 0.3.0: lm_head, not output
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan-0.2"])
     assert r.exit_code == 0, r.output
@@ -192,3 +192,37 @@ def test_megatron_flags_exist_in_megatrons_parser(pp, dp, sp, algo, partition):
     names = {f.split()[0] for f in emitted}
     assert names and names <= known, sorted(names - known)
     assert export.MEGATRON_VERSION.split()[-1] in MEGATRON_FLAGS.read_text().splitlines()[0]
+
+
+def test_torchtitan_02_hook_applies_each_virtual_stage_to_its_model_part(tmp_path):
+    """pp 2 x 2 virtual stages: torchtitan's split makes 4 model parts, two per rank (chunks r and r + 2); the printed
+    hook finds each part's chunk from the layers it holds, where the pipeline rank would name chunk 0 or 1 only."""
+    import tomllib
+
+    import torch
+    from torch import nn
+
+    from lynx_planner.runtime import runtime_of
+
+    prof, plan = tmp_path / "profile.json", tmp_path / "plan.json"
+    r = runner.invoke(app, ["profile", "gpt-1.3b", "--pp", "2", "--schedule", "interleaved-1f1b",
+                            "--virtual-stages", "2", "--num-microbatches", "4", "-o", str(prof)])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["plan", str(prof), "--algo", "full", "-o", str(plan)]).exit_code == 0
+    r = runner.invoke(app, ["export", str(plan), "--to", "torchtitan-0.2"])
+    assert r.exit_code == 0, r.output
+    toml, hook = r.stdout.split("\n", 1)[1].split("\n# module_fqns_per_model_part", 1)
+    parts = tomllib.loads(toml)["parallelism"]["module_fqns_per_model_part"]
+    assert len(parts) == 4
+    hook = "#" + hook.replace('"plan.json"', repr(str(plan)))
+
+    for chunk, fqns in enumerate(parts):
+        # torchtitan 0.2.2's Llama layout, split as its pipeline_module_split does: what the part lacks is dropped
+        part = nn.Module()
+        part.tok_embeddings = nn.Embedding(8, 4) if "tok_embeddings" in fqns else None
+        part.layers = nn.ModuleDict({f.split(".")[1]: nn.Linear(4, 4) for f in fqns if f.startswith("layers.")})
+        part.norm = nn.LayerNorm(4) if "norm" in fqns else None
+        part.output = nn.Linear(4, 8) if "output" in fqns else None
+        scope = {"model": part, "torch": torch}
+        exec(hook, scope)  # noqa: S102 - the hook text the export prints, as a user pastes it
+        assert runtime_of(scope["model"]).stage == chunk

@@ -94,3 +94,19 @@ def test_required_override(tmp_path):
     """)
     with pytest.raises(InputError, match="does not accept attention"):
         load_model_file(path, strict=("attention",), attention="math")
+
+
+def test_dtype_casts_floating_tensors_and_keeps_complex_buffers(tmp_path):
+    """--dtype bf16 casts weights and floating buffers; a complex buffer (torchtitan's rotary cache) stays complex,
+    where Module.to(dtype) would drop its imaginary part."""
+    path = write(tmp_path, """
+        import torch
+        def lynx_model():
+            m = torch.nn.Linear(3, 3)
+            m.register_buffer("rope", torch.polar(torch.ones(4), torch.arange(4.0)))
+            m.register_buffer("scale", torch.ones(3))
+            return m, (torch.zeros(2, 3),)
+    """)
+    module, inputs = load_model_file(path, dtype="bf16")
+    assert module.weight.dtype == module.scale.dtype == inputs[0].dtype == torch.bfloat16
+    assert module.rope.dtype == torch.complex64 and module.rope.imag.abs().sum() > 0

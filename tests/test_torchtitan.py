@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import shlex
 import sys
+import warnings
 
 import pytest
 import torch
@@ -62,9 +63,20 @@ def test_hook_config_passes_the_config_manager(planned, tmp_path, monkeypatch):
     hook = r.stdout.split("\n# Apply the plan", 1)[1].split("\n", 1)[1]
     (tmp_path / "lynx_configs.py").write_text(hook)
     monkeypatch.syspath_prepend(str(tmp_path))
-    config = ConfigManager().parse_args(["--module", "lynx_configs", "--config", "llama3_debugmodel_lynx"])
-    assert isinstance(config.activation_checkpoint, LynxAC.Config)
-    assert config.activation_checkpoint.plan == "plan.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # tyro warns (TyroWarning) when the AC config fits no type
+        config = ConfigManager().parse_args(["--module", "lynx_configs", "--config", "llama3_debugmodel_lynx"])
+        assert isinstance(config.activation_checkpoint, LynxAC.Config)
+        assert config.activation_checkpoint.plan == "plan.json"
+        assert config.model_spec is not None and config.training.steps > 0  # the rest of the config is kept
+        # the plan is a command-line setting like any AC option
+        config = ConfigManager().parse_args(["--module", "lynx_configs", "--config", "llama3_debugmodel_lynx",
+                                             "activation-checkpoint:lynx", "--activation-checkpoint.plan", "other.json",
+                                             "--activation-checkpoint.stage", "1"])
+        assert (config.activation_checkpoint.plan, config.activation_checkpoint.stage) == ("other.json", 1)
+        config = ConfigManager().parse_args(["--module", "lynx_configs", "--config", "llama3_debugmodel_lynx",
+                                             "activation-checkpoint:full"])
+        assert not isinstance(config.activation_checkpoint, LynxAC.Config)
     sys.modules.pop("lynx_configs", None)
 
 

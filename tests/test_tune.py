@@ -193,3 +193,15 @@ def test_memory_prediction_matches_a_cpu_run():
         sim = ev.evaluate(prof, plans, ideal=False).sim.stages[stage].activation_peak_bytes
         assert sim >= predicted  # the simulated peak adds the embedding and what a backward regenerates
         del graphs
+
+
+def test_megatron_baseline_runs_only_megatrons_schedules(tiny):
+    """Megatron-LM runs 1F1B and interleaved 1F1B (no GPipe, no zero bubble): the Megatron-style best is on one of
+    those, and there is none when only zero bubble was searched, though its rows use Megatron's recomputation."""
+    limit = limit_between(tiny, 8, 16, 3.0)  # where zero-bubble layouts fit
+    only_zb = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=3, make_plan=False, names=("zero-bubble", "gpipe"))
+    assert any(r.fits and r.algo in tune.MEGATRON_ROWS for r in only_zb.rows)
+    assert only_zb.best_megatron is None
+    both = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=3, make_plan=False, names=("zero-bubble", "1f1b"))
+    assert both.best_megatron is not None and both.best_megatron.layout.schedule == "1f1b"
+    assert tune.MEGATRON_SCHEDULES == ("1f1b", "interleaved-1f1b")

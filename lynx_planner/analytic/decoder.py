@@ -2,13 +2,16 @@
 profiles: layers, block names and op ids as lynx's profiler records them for the HF model of that family in bf16
 (embed_tokens, layers.i, norm, lm_head), so a plan made from either applies to the same module tree. Attention and
 MLP/MoE op graphs come from attention.py and mlp.py; this module assembles the layer and sizes parameters per rank.
-The lm_head block also keeps the fp32 softmax of a vocab-parallel cross-entropy (as the GPT profile does)."""
+The lm_head block is the output GEMM, as the profiler records HF's `lm_head`, followed by the loss: the stacks
+(HF, torchtitan, Megatron's output_layer) compute the cross-entropy outside the head module, so it is an OUTSIDE op
+(policy.py) that no plan names, while its fp32 softmax and its time still count on the last stage."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
 from .. import costs
+from ..policy import OUTSIDE
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from .attention import gqa, mla
@@ -62,8 +65,9 @@ def _lm_head(spec: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
     logits = ops.gemm(":mm#0", n, h, v // t, saves=[BLOCK_INPUT], inputs=[src])
     lat = costs.link(hw, t)[1] * 2 if t > 1 else 0.0
     fp32 = STAT * n * v // t
+    # the loss runs after lm_head, in the training stack (outside the module a plan can act on)
     ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=costs.memory_s(ACT * n * v / t + fp32, hw) + lat,
-            bwd_s=costs.memory_s(fp32 + ACT * n * v / t, hw), out_bytes=STAT * n, aux_bytes=fp32)
+            bwd_s=costs.memory_s(fp32 + ACT * n * v / t, hw), out_bytes=STAT * n, aux_bytes=fp32, tags=[OUTSIDE])
     return Block(name="Linear", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 

@@ -128,8 +128,9 @@ def load_model_file(path: str | Path, *, device: str = "cpu", dtype: str | None 
     try:
         module, inputs = _build(path, overrides, strict)
         module = module.to(device)
-        if torch_dtype is not None:
-            module = module.to(torch_dtype)
+        if torch_dtype is not None:  # floating tensors only: Module.to(dtype) would cast complex buffers (torchtitan's
+            # rotary cache) to a real dtype, dropping their imaginary part
+            module = module._apply(lambda t: t.to(torch_dtype) if t.is_floating_point() else t)
         return module, tuple(_convert(x, device, torch_dtype) for x in inputs)
     except InputError:
         raise
