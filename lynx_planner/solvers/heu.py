@@ -450,10 +450,9 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     under deferred weight passes, and then recompute for nothing)."""
     best = _heu_strategy(profile, limit, partition, placements)
     bounds = even_bounds(profile, n_chunks(profile))
-    keep_all = [ev.none_policy(profile, i) for i in range(len(profile.layers))]
-    evaluation = _simulate(profile, bounds, keep_all)
+    evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
     if evaluation.fits(limit) and evaluation.better_than(best[2], limit):
-        return bounds, keep_all, evaluation
+        return bounds, [ev.none_policy(profile, i) for i in range(len(profile.layers))], evaluation
     return best
 
 
@@ -555,5 +554,5 @@ def _round(profile: Profile, limit: int, bounds: list[int], caches: list[HullCac
 
 
 def search(problem: Problem, algo: str = "heu") -> Strategy:
-    bounds, pols = heu_plan(problem.profile, problem.memory_limit, problem.partition)
-    return Strategy(bounds, pols, status="heuristic")
+    bounds, pols, evaluation = heu_strategy(problem.profile, problem.memory_limit, problem.partition)
+    return Strategy(bounds, pols, status="heuristic", evaluation=evaluation)
