@@ -424,6 +424,15 @@ def boundary_bytes(profile: Profile, layer: int) -> int:
     return profile.blocks[profile.layers[layer].block].output_bytes
 
 
+def p2p_bus(profile: Profile) -> tuple[float, float]:
+    """The link between neighbouring pipeline stages: tp x dp ranks apart on the p2p link in Megatron's rank order,
+    else tp x pp apart on the collective one."""
+    par = profile.parallel
+    if par.rank_order == "tp-dp-pp":
+        return costs.p2p_link(profile.hardware, par.tp * par.dp)
+    return costs.link(profile.hardware, par.tp * par.pp)
+
+
 def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
     """(chunk, micro-batch) -> position of its backward in the rank's order: the side stream serves the earliest."""
     return {(c, k): i for i, (kind, c, k) in enumerate(order) if kind == "B"}
@@ -454,7 +463,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
                              tables[r][1], split))
-    bus = costs.p2p_link(hw, par.tp * par.dp) if par.rank_order == "tp-dp-pp" else costs.link(hw, par.tp * p)
+    bus = p2p_bus(profile)
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
             costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for c, runs in enumerate(stage_layers)]
