@@ -268,7 +268,7 @@ class _Stage:
         """The compute stream waits until `until`; the side stream recomputes meanwhile."""
         cur = self.t
         if not self.queue:
-            self.t = max(cur, until)
+            self.t = until if until > cur else cur  # max(cur, until), without the call
             return
         cap = (until - cur) / self.gamma
         while cap > EPS and self.queue:
@@ -286,7 +286,7 @@ class _Stage:
             cur += work * self.gamma
             if task.rem <= EPS:
                 self.queue.pop(0)
-        self.t = max(self.t, until)
+        self.t = until if until > self.t else self.t
 
     def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int) -> None:
         if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
@@ -322,7 +322,7 @@ class _Stage:
         ch = self.chunks[c]
         if self.trace is None and not self.queue and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
-            t, busy, mem = max(self.t, ready), self.busy, self.mem
+            t, busy, mem = ready if ready > self.t else self.t, self.busy, self.mem
             for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
                 busy += dt_busy
                 t += dt
@@ -391,10 +391,10 @@ class _Stage:
         """B of a chunk whose recomputation all runs on demand, with nothing queued: backward()'s additions in its
         order, without its bookkeeping."""
         t = self.t
-        wait = max(0.0, ready - t)
+        wait = ready - t if ready - t > 0.0 else 0.0
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
-        t, busy, exposed, mem = max(t, ready), self.busy, self.exposed, self.mem
+        t, busy, exposed, mem = ready if ready > t else t, self.busy, self.exposed, self.mem
         for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
             if rec_bytes is not None:  # exposed recomputation, as _expose
                 mem.append((t, rec_bytes))

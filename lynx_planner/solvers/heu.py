@@ -373,11 +373,11 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     p, n = n_chunks(profile), len(profile.layers)
     blocks = [l.block for l in profile.layers]
     by_structure: dict[tuple, float] = {}
+    flight = [in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages) for s in range(p)]
 
     def stage_time(s: int, first: int, end: int) -> float:
         # Stages with the same layers, in-flight count and position at the end share one solution.
-        key = (in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages), tuple(blocks[first:end]),
-               end == n, first == 0)
+        key = (flight[s], tuple(blocks[first:end]), end == n, first == 0)
         if key not in by_structure:
             model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
                                 p2p_wait_s(profile, first, end))
