@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
-from dataclasses import dataclass, field
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
@@ -334,15 +334,9 @@ class _Stage:
             rc, rk = releases
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
-        mem, plain = self.mem, self.trace is None
         for l, r in enumerate(ch.runs):
-            if plain and not self.queue:  # _segments' skip-through, inlined: the common case at depth
-                busy, idle = ch.fwd_sums[l]
-                self.busy += busy
-                self.t += busy + idle
-            else:
-                self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
-            mem.append((self.t, r.kept_bytes))
+            self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
+            self.mem.append((self.t, r.kept_bytes))
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
@@ -359,7 +353,7 @@ class _Stage:
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
         self.idle(ready)
-        mem, plain, split = self.mem, self.trace is None, self.split
+        split = self.split
         sums = ch.bwd_input_sums if split else ch.bwd_sums
         for l, r, below_la, uniform, recomputes in ch.bwd_plan:
             if below_la and l > 0:
@@ -376,16 +370,11 @@ class _Stage:
                 else:  # on demand (or a prev_forward with no forward before this backward)
                     self._log(c, k, l, placements.ON_DEMAND, action)
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
-            if plain and not self.queue:  # _segments' skip-through, inlined
-                busy, idle = sums[l]
-                self.busy += busy
-                self.t += busy + idle
-            else:
-                self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
+            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                mem.append((self.t, r.wgrad_bytes))
+                self.mem.append((self.t, r.wgrad_bytes))
             else:
-                mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
+                self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
 
     def _backward_straight(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation all runs on demand, with nothing queued: backward()'s additions in its

@@ -83,3 +83,23 @@ def test_a_deep_pipeline_matches_the_reference():
     fast, slow = simulator.simulate(prof, runs), reference(prof, runs)
     assert [vars(x) for x in fast.stages] == [vars(x) for x in slow.stages]
     assert fast.iteration_time_s == slow.iteration_time_s
+
+
+def test_shared_simulations_are_what_fresh_ones_give():
+    """solve() reuses HEU's own simulation of its plan, and keeping everything on a split is that split's ideal: both
+    must be what simulating from scratch gives."""
+    from conftest import between
+
+    from lynx_planner import solvers
+    from lynx_planner.solvers.partition import even_bounds
+
+    prof = small_profile(tp=2, pp=3, m=6, layers=7, seq=512)
+    got = solvers.solve(prof, "heu", between(prof, 0.4))
+    bounds = [st.layers[0] for st in got.stages] + [got.stages[-1].layers[1]]
+    assert bounds != even_bounds(prof, 3)  # HEU's own split: its ideal is not the one keeping everything computed
+    fresh = ev.evaluate(prof, got.stages)
+    assert got.evaluation.predicted == fresh.predicted
+    nones = [ev.none_policy(prof, i) for i in range(len(prof.layers))]
+    runs = [simulator.stage_runs(prof, bounds[s], bounds[s + 1], nones) for s in range(len(bounds) - 1)]
+    assert fresh.predicted.ideal_iteration_time_s == reference(prof, runs).iteration_time_s
+    assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s

@@ -59,7 +59,7 @@ def idle_s(segs: tuple[float, ...]) -> float:
 def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: int, grad_wait_s: float) -> StageModel:
     par, hw = profile.parallel, profile.hardware
     gamma = hw.interference
-    # the simulator's busy and idle seconds (with --tp-comm-overlap the forward collectives hide behind GEMMs: no window)
+    # the simulator's busy and idle seconds (with --tp-comm-overlap, forward collectives hide behind GEMMs: no window)
     segs = [simulator.segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
     slots = []
     for j, i in enumerate(range(first, end)):
