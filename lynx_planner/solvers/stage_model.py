@@ -66,6 +66,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         top = i == end - 1
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top))
+    legal = placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages)
     return StageModel(
         stage=s, first=first, end=end,
         in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
@@ -75,9 +76,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
-        pools=tuple(at for at in ("grad_wait", "prev_forward")
-                    if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches,
-                                                         par.virtual_stages)),
+        pools=tuple(at for at in ("grad_wait", "prev_forward") if at in legal),
         prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches,
                                                          par.virtual_stages),
         send_s=0.0 if end == len(profile.layers) else costs.p2p_s(
