@@ -91,7 +91,10 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ide
     """Simulate the plan. `ideal=False` (the searches' own comparisons) skips simulating the ideal and reports NaN."""
     sim = simulator.simulate(profile, runs_of(profile, stages), trace=trace)
     bounds = [st.layers[0] for st in stages] + [stages[-1].layers[1]]
-    ideal_s = ideal_time(profile, bounds) if ideal else float("nan")
+    return _evaluation(profile, stages, sim, ideal_time(profile, bounds) if ideal else float("nan"))
+
+
+def _evaluation(profile: Profile, stages: list[StagePlan], sim: simulator.SimResult, ideal_s: float) -> Evaluation:
     preds = []
     for rank, r in enumerate(sim.stages):  # per rank: the device its chunks share
         static = rank_static_bytes(profile, stages, rank)
@@ -103,25 +106,33 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ide
     return Evaluation(predicted, sim)
 
 
+def with_ideal(profile: Profile, evaluation: Evaluation, bounds: list[int]) -> Evaluation:
+    """A search's own simulation of its plan (`ideal=False`) completed with the split's ideal: what evaluate() would
+    give, without simulating the plan again."""
+    predicted = evaluation.predicted.model_copy(update={"ideal_iteration_time_s": ideal_time(profile, bounds)})
+    return Evaluation(predicted, evaluation.sim)
+
+
 @per_object
-def _ideal_times(profile: Profile) -> dict[tuple[int, ...], float]:
+def _ideal_times(profile: Profile) -> dict[tuple[int, ...], Evaluation]:
     return {}
+
+
+def keep_all(profile: Profile, bounds: list[int]) -> Evaluation:
+    """Every layer keeping all it saves on this split, simulated (memoised per split): the split's ideal, and one of
+    the plans a search may weigh."""
+    known = _ideal_times(profile)
+    key = tuple(bounds)
+    if key not in known:
+        stages = stage_plans(profile, bounds, [none_policy(profile, i) for i in range(len(profile.layers))])
+        sim = simulator.simulate(profile, runs_of(profile, stages))
+        known[key] = _evaluation(profile, stages, sim, sim.iteration_time_s)
+    return known[key]
 
 
 def ideal_time(profile: Profile, bounds: list[int]) -> float:
     """The same split with no recomputation and unlimited memory (memoised per split)."""
-    known = _ideal_times(profile)
-    key = tuple(bounds)
-    if key not in known:
-        known[key] = _simulate_ideal(profile, bounds)
-    return known[key]
-
-
-def _simulate_ideal(profile: Profile, bounds: list[int]) -> float:
-    nones = [none_policy(profile, i) for i in range(len(profile.layers))]
-    runs = [simulator.stage_runs(profile, bounds[s], bounds[s + 1], nones[bounds[s]:bounds[s + 1]])
-            for s in range(len(bounds) - 1)]
-    return simulator.simulate(profile, runs).iteration_time_s
+    return keep_all(profile, bounds).predicted.iteration_time_s
 
 
 def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: str, memory_limit: int,

@@ -21,7 +21,10 @@ layer's backward ends, over all the chunks of a rank.
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import accumulate
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
@@ -169,6 +172,10 @@ class _Task:
     started: bool = False
 
 
+def _deadline(task: _Task) -> tuple[int, int]:
+    return task.key
+
+
 @dataclass
 class StageResult:
     activation_peak_bytes: int
@@ -195,7 +202,7 @@ class SimResult:
 class _Chunk:
     """What the timeline needs of one virtual stage's layers."""
 
-    def __init__(self, runs: list[LayerRun]):
+    def __init__(self, runs: list[LayerRun], split: bool):
         self.runs = runs
         n = len(runs)
         self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
@@ -207,6 +214,19 @@ class _Chunk:
         self.bwd_sums = [(sum(r.bwd[0::2]), sum(r.bwd[1::2])) for r in runs]
         self.bwd_input_sums = [(sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2])) for r in runs]
         self.grad_waits: list[float] = []
+        # Per layer, what backward() reads for every micro-batch, looked up once: whether the layer below it is
+        # released layer_above here, the uniform-chunk layers it recomputes, and whether it recomputes at all.
+        la = set(self.by_at["layer_above"])
+        self.top_la = n - 1 in la
+        self.bwd_plan = [(l, runs[l], l - 1 in la, self.chunk[l], self.recomputes[l]) for l in range(n - 1, -1, -1)]
+        # Straight-line forms of F and B, for when nothing is queued and nothing is released on the way (no placement
+        # but on demand, no uniform chunk): the general path's additions in its order, without its bookkeeping.
+        self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs)
+        self.fwd_straight = [(busy, busy + idle, r.kept_bytes) for (busy, idle), r in zip(self.fwd_sums, runs)]
+        sums = self.bwd_input_sums if split else self.bwd_sums
+        self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
+                              r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes))
+                             for l, r in reversed(list(enumerate(runs)))]
 
 
 class _Stage:
@@ -215,7 +235,7 @@ class _Stage:
     def __init__(self, s: int, chunks: dict[int, list[LayerRun]], gamma: float, trace: list | None,
                  deadline: dict[tuple[int, int], int], split: bool):
         self.s, self.gamma, self.trace, self.deadline, self.split = s, gamma, trace, deadline, split
-        self.chunks = {c: _Chunk(runs) for c, runs in chunks.items()}
+        self.chunks = {c: _Chunk(runs, split) for c, runs in chunks.items()}
         # (micro-batch, global layer) -> (trigger, action) that released its recomputation; kept when tracing
         self.released: dict[tuple[int, int], tuple[str, tuple[str, int]]] = {}
         self.t = 0.0
@@ -239,13 +259,16 @@ class _Stage:
         r = self.chunks[c].runs[l]
         task = _Task(r.rec_s, (self.deadline[(c, k)], -l), r.rec_bytes, c, l, k)
         self.tasks[(c, k, l)] = task
-        bisect.insort(self.queue, task, key=lambda x: x.key)  # earliest deadline first
+        if self.queue:
+            bisect.insort(self.queue, task, key=_deadline)  # earliest deadline first
+        else:
+            self.queue.append(task)
 
     def idle(self, until: float) -> None:
         """The compute stream waits until `until`; the side stream recomputes meanwhile."""
         cur = self.t
         if not self.queue:
-            self.t = max(cur, until)
+            self.t = until if until > cur else cur  # max(cur, until), without the call
             return
         cap = (until - cur) / self.gamma
         while cap > EPS and self.queue:
@@ -263,7 +286,7 @@ class _Stage:
             cur += work * self.gamma
             if task.rem <= EPS:
                 self.queue.pop(0)
-        self.t = max(self.t, until)
+        self.t = until if until > self.t else self.t
 
     def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int) -> None:
         if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
@@ -296,49 +319,82 @@ class _Stage:
     def forward(self, c: int, k: int, ready: float, releases: tuple[int, int] | None) -> None:
         """F(c, k); at its start, after its input arrived, the prev_forward tasks of `releases` (chunk, micro-batch)
         are released."""
+        ch = self.chunks[c]
+        if self.trace is None and not self.queue and (
+                releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
+            t, busy, mem = ready if ready > self.t else self.t, self.busy, self.mem
+            for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
+                busy += dt_busy
+                t += dt
+                mem.append((t, kept))
+            self.t, self.busy = t, busy
+            return
         self.idle(ready)
         if releases is not None:
             rc, rk = releases
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
-        ch = self.chunks[c]
         for l, r in enumerate(ch.runs):
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
             self.mem.append((self.t, r.kept_bytes))
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
+        if ch.straight and self.trace is None and not self.queue:
+            self._backward_straight(ch, ready)
+            return
         n = len(ch.runs)
         action = ("B", k)
         for l in ch.by_at["grad_wait"]:
             self.release(c, k, l, "grad_wait", action)
-        if n - 1 in ch.by_at["layer_above"]:  # the top layer's layer above is the wait for the gradient
+        if ch.top_la:  # the top layer's layer above is the wait for the gradient
             self.release(c, k, n - 1, "grad_wait", action)
         wait = max(0.0, ready - self.t)
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
         self.idle(ready)
-        for l in range(n - 1, -1, -1):
-            r = ch.runs[l]
-            if l > 0 and l - 1 in ch.by_at["layer_above"]:
+        split = self.split
+        sums = ch.bwd_input_sums if split else ch.bwd_sums
+        for l, r, below_la, uniform, recomputes in ch.bwd_plan:
+            if below_la and l > 0:
                 self.release(c, k, l - 1, "layer_above", action)
-            for u in ch.chunk[l]:  # Megatron uniform: the chunk top recomputes the whole chunk
+            for u in uniform:  # Megatron uniform: the chunk top recomputes the whole chunk
                 self._log(c, k, u, placements.ON_DEMAND, action)
                 self._expose(k, ch.runs[u].index, ch.runs[u].rec_s, ch.runs[u].rec_bytes, False)
-            task = self.tasks.pop((c, k, l), None)
-            if task is not None:
-                if task in self.queue:
-                    self.queue.remove(task)
-                self._expose(k, r.index, task.rem, task.nbytes, task.started)
-            elif ch.recomputes[l]:  # on demand (or a prev_forward with no forward before this backward)
-                self._log(c, k, l, placements.ON_DEMAND, action)
-                self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
-            if self.split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self._segments(r.bwd_input, ch.bwd_input_sums[l], "B", k, r.index)
+            if recomputes:  # only a recomputing layer is ever released (its task, if any, is pending here)
+                task = self.tasks.pop((c, k, l), None)
+                if task is not None:
+                    if task in self.queue:
+                        self.queue.remove(task)
+                    self._expose(k, r.index, task.rem, task.nbytes, task.started)
+                else:  # on demand (or a prev_forward with no forward before this backward)
+                    self._log(c, k, l, placements.ON_DEMAND, action)
+                    self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
+            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
+            if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
                 self.mem.append((self.t, r.wgrad_bytes))
             else:
-                self._segments(r.bwd, ch.bwd_sums[l], "B", k, r.index)
                 self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
+
+    def _backward_straight(self, ch: _Chunk, ready: float) -> None:
+        """B of a chunk whose recomputation all runs on demand, with nothing queued: backward()'s additions in its
+        order, without its bookkeeping."""
+        t = self.t
+        wait = ready - t if ready - t > 0.0 else 0.0
+        self.grad_waits.append(wait)
+        ch.grad_waits.append(wait)
+        t, busy, exposed, mem = ready if ready > t else t, self.busy, self.exposed, self.mem
+        for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
+            if rec_bytes is not None:  # exposed recomputation, as _expose
+                mem.append((t, rec_bytes))
+                if rec_s > 0:
+                    t += rec_s
+                    busy += rec_s
+                    exposed += rec_s
+            busy += dt_busy
+            t += dt
+            mem.append((t, freed))
+        self.t, self.busy, self.exposed = t, busy, exposed
 
     def weight(self, c: int, k: int) -> None:
         """W(c, k): every layer's weight gradients, top down; then its graph is freed."""
@@ -349,20 +405,35 @@ class _Stage:
             self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes)))
 
     def activation_peak(self) -> int:
-        cur = peak = 0
-        for _, delta in sorted(self.mem):  # frees before allocations at equal times
-            cur += delta
-            peak = max(peak, cur)
-        return peak
+        # frees before allocations at equal times
+        return max(0, max(accumulate(delta for _, delta in sorted(self.mem)), default=0))
 
 
 def boundary_bytes(profile: Profile, layer: int) -> int:
     return profile.blocks[profile.layers[layer].block].output_bytes
 
 
+def p2p_bus(profile: Profile) -> tuple[float, float]:
+    """The link between neighbouring pipeline stages: tp x dp ranks apart on the p2p link in Megatron's rank order,
+    else tp x pp apart on the collective one."""
+    par = profile.parallel
+    if par.rank_order == "tp-dp-pp":
+        return costs.p2p_link(profile.hardware, par.tp * par.dp)
+    return costs.link(profile.hardware, par.tp * par.pp)
+
+
 def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
     """(chunk, micro-batch) -> position of its backward in the rank's order: the side stream serves the earliest."""
     return {(c, k): i for i, (kind, c, k) in enumerate(order) if kind == "B"}
+
+
+@lru_cache(maxsize=4096)
+def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
+    """What a rank's schedule fixes, derived once per (schedule, p, v, rank, m) rather than per simulation: its order,
+    the deadlines of its backwards and, per item, the prev_forward recomputations its start releases (read-only)."""
+    order = schedules.order(kind, p, v, rank, m)
+    fires = placements.prev_forward_fires(kind, p, v, rank, m)
+    return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
 
 
 def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False) -> SimResult:
@@ -375,49 +446,69 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         raise ValueError(f"{n_chunks} virtual stages for pp {p} x {v} virtual stages")
     events: list[dict] | None = [] if trace else None
     split = schedules.get(par.schedule).splits_backward
-    orders = [schedules.order(par.schedule, p, v, r, m) for r in range(p)]
+    tables = [_rank_tables(par.schedule, p, v, r, m) for r in range(p)]
+    orders = [t[0] for t in tables]
     stages = []
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
-                             backward_deadlines(orders[r]), split))
-    bus = costs.p2p_link(hw, par.tp * par.dp) if par.rank_order == "tp-dp-pp" else costs.link(hw, par.tp * p)
+                             tables[r][1], split))
+    bus = p2p_bus(profile)
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
             costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for c, runs in enumerate(stage_layers)]
-    fires = [placements.prev_forward_fires(par.schedule, p, v, r, m) for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
     remaining = sum(len(o) for o in orders)
     last = n_chunks - 1
-    while remaining:
-        progressed = False
-        for s, st in enumerate(stages):
-            order = orders[s]
-            while ptr[s] < len(order):
-                kind, c, k = order[ptr[s]]
-                if kind == "F":
-                    ready = 0.0 if c == 0 else fwd_end[c - 1][k] + send[c - 1] if fwd_end[c - 1][k] >= 0 else None
-                elif kind == "B":
-                    ready = (fwd_end[c][k] if c == last
-                             else bwd_end[c + 1][k] + send[c] if bwd_end[c + 1][k] >= 0 else None)
+    # Passes over the ranks in order, each running as far as its inputs allow. A rank's work depends only on its own
+    # state and the ends of the items it waits for, so a rank that stopped is visited again only once an item it may
+    # wait for has ended (in this pass if it comes later, else in the next): the same visits that make progress, in
+    # the same order (the trace's order too), as visiting every rank in every pass.
+    now, later = list(range(p)), []  # this pass's ranks (a heap), the next pass's
+    queued = [True] * p
+    up = [schedules.rank_of(p, c + 1) for c in range(n_chunks)]  # the rank an item's end may unblock
+    down = [schedules.rank_of(p, c - 1) for c in range(n_chunks)]
+    while now:
+        s = heapq.heappop(now)
+        queued[s] = False
+        st, (order, _, fired) = stages[s], tables[s]
+        i = ptr[s]
+        while i < len(order):
+            kind, c, k = order[i]
+            if kind == "F":
+                if c == 0:
+                    ready = 0.0
+                elif fwd_end[c - 1][k] >= 0:
+                    ready = fwd_end[c - 1][k] + send[c - 1]
                 else:
-                    ready = st.t  # W follows its own B on the same rank
-                if ready is None:
                     break
-                if kind == "F":
-                    st.forward(c, k, ready, fires[s].get((c, k)))
-                    fwd_end[c][k] = st.t
-                elif kind == "B":
-                    st.backward(c, k, ready)
-                    bwd_end[c][k] = st.t
+                st.forward(c, k, ready, fired[i])
+                fwd_end[c][k] = st.t
+                if c < last and not queued[r := up[c]] and r != s:  # wake the next chunk's rank
+                    queued[r] = True
+                    heapq.heappush(now, r) if r > s else later.append(r)
+            elif kind == "B":
+                if c == last:
+                    ready = fwd_end[c][k]
+                elif bwd_end[c + 1][k] >= 0:
+                    ready = bwd_end[c + 1][k] + send[c]
                 else:
-                    st.weight(c, k)
-                ptr[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("pipeline schedule deadlocked")
+                    break
+                st.backward(c, k, ready)
+                bwd_end[c][k] = st.t
+                if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
+                    queued[r] = True
+                    heapq.heappush(now, r) if r > s else later.append(r)
+            else:
+                st.weight(c, k)  # W follows its own B on the same rank
+            i += 1
+        remaining -= i - ptr[s]
+        ptr[s] = i
+        if not now:
+            now, later = sorted(later), []
+    if remaining:
+        raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]

@@ -10,7 +10,7 @@ import importlib
 import time
 from dataclasses import dataclass
 
-from ..evaluate import Evaluation, evaluate, make_plan, stage_plans
+from ..evaluate import Evaluation, evaluate, make_plan, stage_plans, with_ideal
 from ..io import InputError, format_bytes
 from ..schema import CandidateBound, LayerPolicy, Plan, Profile, SolverInfo, StagePlan
 from . import candidates
@@ -45,6 +45,7 @@ class Strategy:
     gap: float | None = None
     bound_s: float | None = None
     source: str | None = None  # which search's plan this is ('milp', 'heu'), where an algorithm has several
+    evaluation: Evaluation | None = None  # the search's own simulation of this plan (ideal=False), if it has one
 
 
 @dataclass
@@ -79,7 +80,9 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
         strategy.gap = strategy.bound_s = None
         strategy.status = "feasible" if strategy.status == "optimal" else strategy.status
     stages = stage_plans(profile, strategy.bounds, strategy.policies)
-    ev = evaluate(profile, stages)
+    # the simulator is deterministic: a search's own simulation of the same stages is what a fresh one would give
+    ev = evaluate(profile, stages) if strategy.evaluation is None else \
+        with_ideal(profile, strategy.evaluation, strategy.bounds)
     if not ev.fits(memory_limit):
         worst = max(ev.predicted.stages, key=lambda s: s.peak_memory_bytes)
         raise Infeasible(

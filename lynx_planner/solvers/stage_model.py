@@ -59,12 +59,14 @@ def idle_s(segs: tuple[float, ...]) -> float:
 def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: int, grad_wait_s: float) -> StageModel:
     par, hw = profile.parallel, profile.hardware
     gamma = hw.interference
-    segs = [simulator.block_segments(profile.blocks[profile.layers[i].block]) for i in range(first, end)]
+    # the simulator's busy and idle seconds (with --tp-comm-overlap, forward collectives hide behind GEMMs: no window)
+    segs = [simulator.segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
     slots = []
     for j, i in enumerate(range(first, end)):
         top = i == end - 1
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top))
+    legal = placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages)
     return StageModel(
         stage=s, first=first, end=end,
         in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
@@ -74,13 +76,11 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
-        pools=tuple(at for at in ("grad_wait", "prev_forward")
-                    if at in placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches,
-                                                         par.virtual_stages)),
+        pools=tuple(at for at in ("grad_wait", "prev_forward") if at in legal),
         prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches,
                                                          par.virtual_stages),
         send_s=0.0 if end == len(profile.layers) else costs.p2p_s(
-            simulator.boundary_bytes(profile, end - 1), costs.link(hw, par.tp * par.pp)),
+            simulator.boundary_bytes(profile, end - 1), simulator.p2p_bus(profile)),
     )
 
 
@@ -121,7 +121,7 @@ def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
     """Hideable work in the gradient wait of a balanced pipeline: the transfer of the gradient itself."""
     if end == len(profile.layers):
         return 0.0
-    bus = costs.link(profile.hardware, profile.parallel.tp * profile.parallel.pp)
+    bus = simulator.p2p_bus(profile)
     return costs.p2p_s(simulator.boundary_bytes(profile, end - 1), bus) / profile.hardware.interference
 
 

@@ -1,0 +1,105 @@
+"""The simulator's fast paths (straight-line forward and backward, waking only the ranks an item's end can unblock,
+per-schedule tables cached) against the straightforward timeline they replaced (tests/sim_reference.py): on random
+small pipelines, schedules, splits and policies, every result must be identical, bit for bit."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from conftest import small_profile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_reference import simulate as reference
+
+from lynx_planner import evaluate as ev
+from lynx_planner import policy, schedules, simulator
+from lynx_planner.schema import Profile
+
+PLACEMENTS = ("on_demand", "layer_above", "grad_wait", "prev_forward")
+
+
+@lru_cache(maxsize=None)
+def base(tp: int, sp: bool) -> Profile:
+    return small_profile(tp=tp, pp=1, m=1, layers=10, seq=256, sp=sp)  # 12 layers with the end ones
+
+
+@st.composite
+def cases(draw):
+    schedule = draw(st.sampled_from(schedules.NAMES))
+    p = draw(st.integers(1, 4))
+    v = draw(st.integers(*{"interleaved-1f1b": (2, 3), "zero-bubble": (1, 2)}.get(schedule, (1, 1))))
+    m = draw(st.integers(1, 3)) * (p if schedules.get(schedule).rounds else 1) + \
+        (0 if schedules.get(schedule).rounds else draw(st.integers(0, 3)))
+    tp = draw(st.sampled_from((1, 2)))
+    prof = base(tp, tp > 1 and draw(st.booleans()))
+    par = prof.parallel.model_copy(update={
+        "pp": p, "virtual_stages": v, "num_microbatches": m, "schedule": schedule,
+        "tp_comm_overlap": draw(st.booleans()), "dp": draw(st.sampled_from((1, 2)))})
+    hw = prof.hardware.model_copy(update={"interference": draw(st.sampled_from((1.0, 1.5)))})
+    prof = prof.model_copy(update={"parallel": par, "hardware": hw})
+    n, chunks = len(prof.layers), p * v
+    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=chunks - 1, max_size=chunks - 1)))
+    bounds = [0, *cuts, n]
+    pols = []
+    for i, layer in enumerate(prof.layers):
+        info = policy.analyse(prof.blocks[layer.block])
+        units = sorted(info.units)
+        keep = frozenset(u for u in units if draw(st.booleans())) if units else frozenset()
+        pols.append(ev.layer_policy(prof, i, keep, None, draw(st.sampled_from(PLACEMENTS))))
+    # now and then a uniform chunk (Megatron's): two neighbouring layers of one block in one stage, the upper one
+    # recomputing both
+    s = draw(st.integers(0, chunks - 1))
+    first, end = bounds[s], bounds[s + 1]
+    if draw(st.booleans()) and end - first >= 2 and prof.layers[end - 2].block == prof.layers[end - 1].block:
+        for i in (end - 2, end - 1):
+            info = policy.analyse(prof.blocks[prof.layers[i].block])
+            pols[i] = ev.layer_policy(prof, i, frozenset(), policy.full_recompute(info), recompute_with=end - 1)
+    return prof, bounds, pols, draw(st.booleans())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases())
+def test_fast_simulator_matches_the_reference(case):
+    prof, bounds, pols, trace = case
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    fast, slow = simulator.simulate(prof, runs, trace=trace), reference(prof, runs, trace=trace)
+    assert fast.iteration_time_s == slow.iteration_time_s
+    assert [vars(x) for x in fast.stages] == [vars(x) for x in slow.stages]
+    assert fast.chunk_grad_waits_s == slow.chunk_grad_waits_s
+    assert fast.trace == slow.trace
+    assert fast.releases == slow.releases
+    assert fast.memory == slow.memory
+
+
+def test_a_deep_pipeline_matches_the_reference():
+    """Many ranks and micro-batches, some stages straight (on demand) and some not: where the wake-ups matter."""
+    prof = base(2, True)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"pp": 4, "num_microbatches": 12})})
+    bounds = [0, 2, 4, 6, len(prof.layers)]
+    pols = [ev.none_policy(prof, i) if i % 3 == 0 else
+            ev.layer_policy(prof, i, frozenset(), None, "layer_above" if i % 3 == 1 else "on_demand")
+            for i in range(len(prof.layers))]
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    fast, slow = simulator.simulate(prof, runs), reference(prof, runs)
+    assert [vars(x) for x in fast.stages] == [vars(x) for x in slow.stages]
+    assert fast.iteration_time_s == slow.iteration_time_s
+
+
+def test_shared_simulations_are_what_fresh_ones_give():
+    """solve() reuses HEU's own simulation of its plan, and keeping everything on a split is that split's ideal: both
+    must be what simulating from scratch gives."""
+    from conftest import between
+
+    from lynx_planner import solvers
+    from lynx_planner.solvers.partition import even_bounds
+
+    prof = small_profile(tp=2, pp=3, m=6, layers=7, seq=512)
+    got = solvers.solve(prof, "heu", between(prof, 0.4))
+    bounds = [st.layers[0] for st in got.stages] + [got.stages[-1].layers[1]]
+    assert bounds != even_bounds(prof, 3)  # HEU's own split: its ideal is not the one keeping everything computed
+    fresh = ev.evaluate(prof, got.stages)
+    assert got.evaluation.predicted == fresh.predicted
+    nones = [ev.none_policy(prof, i) for i in range(len(prof.layers))]
+    runs = [simulator.stage_runs(prof, bounds[s], bounds[s + 1], nones) for s in range(len(bounds) - 1)]
+    assert fresh.predicted.ideal_iteration_time_s == reference(prof, runs).iteration_time_s
+    assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s
