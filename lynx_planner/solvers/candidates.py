@@ -23,6 +23,7 @@ largest tolerance at once (a few candidates, quickly) and is not remembered for 
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_right
 from operator import itemgetter
@@ -55,9 +56,11 @@ class Frontier:
         return self.eps == 0 and self.groups == 0
 
 
-WORK_CAP = 200_000  # partial policies one frontier search may create before it is bounded (about a second)
+WORK_CAP = 200_000  # partial policies an exact search of a block without repeats may create (about a second)
 FOLD_CAP = 20_000  # past this much work, a block with repeats is searched folded (decided as groups) instead
-EPS_FIRST, EPS_STEP, EPS_LAST = 0.01, 4.0, 0.64
+STEP_CAP = 1_500  # partial policies one step of a bounded search may keep: past it, that step's tolerance rises
+LATE_CAP = 16  # the same, for a frontier built after a solver's deadline (a few candidates, quickly)
+F_FIRST, F_LAST = 1e-4, 1.0  # a step's tolerance (fraction of the block's forward time and saved bytes), first and most
 
 _memo: dict[int, tuple[Block, Frontier]] = {}
 _deadline: list[float | None] = [None]
@@ -105,7 +108,7 @@ def frontier(block: Block) -> Frontier:
 
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
-    got = _bounded(info, 0.0, FOLD_CAP) or _large(block, info)  # exact when that is quick, repeats or not
+    got = _exact(info, FOLD_CAP) or _large(block, info)  # exact when that is quick, repeats or not
     if got.exact or not _late():  # a frontier coarsened by a deadline is for that search only
         _memo[id(block)] = (block, got)  # holding the block keeps its id from being reused
     return got
@@ -114,12 +117,11 @@ def _build(block: Block) -> Frontier:
 def _large(block: Block, info: policy.BlockInfo) -> Frontier:
     folded = repeats.fold(block)
     if folded is None:
-        return _bounded(info, 0.0) or _bounded(info, EPS_FIRST)
+        return _exact(info, WORK_CAP) or Frontier(*_search(info, None, STEP_CAP))
     # decided as groups: each folded candidate's keep and recompute sets spread over every copy
-    small_info = policy.analyse(folded.block)
-    small = _bounded(small_info, 0.0) or _bounded(small_info, EPS_FIRST)
+    small, eps = _search(policy.analyse(folded.block), None, STEP_CAP)
     order = [(o, folded.rep.get(o, o)) for o in info.order if o in info.fwd_s]  # real ops, their folded op
-    return Frontier(_frontier([_spread(folded, order, c) for c in small.candidates]), small.eps, folded.groups)
+    return Frontier(_frontier([_spread(folded, order, c) for c in small]), eps, folded.groups)
 
 
 def _spread(folded: repeats.Folded, order: list[tuple[str, str]], c: Candidate) -> Candidate:
@@ -131,18 +133,14 @@ def _spread(folded: repeats.Folded, order: list[tuple[str, str]], c: Candidate) 
                      c.replays_collective)
 
 
-def _bounded(info: policy.BlockInfo, eps: float, cap: int | None = None) -> Frontier | None:
-    """The frontier at the least tolerance from `eps` up whose search fits the cap (WORK_CAP by default; None if
-    exact was asked and does not fit)."""
-    while True:
-        if _late():
-            eps = EPS_LAST
-        try:
-            return Frontier(_search(info, eps, None if eps >= EPS_LAST else cap or WORK_CAP), eps)
-        except _OverWork:
-            if eps == 0:
-                return None
-            eps = min(EPS_LAST, eps * EPS_STEP)  # EPS_LAST has no cap: it always returns
+def _exact(info: policy.BlockInfo, work_cap: int) -> Frontier | None:
+    """The exact frontier, or None if its search creates more than `work_cap` partial policies (or runs late)."""
+    if _late():
+        return None
+    try:
+        return Frontier(*_search(info, work_cap, None))
+    except _OverWork:
+        return None
 
 
 def pareto(block: Block) -> tuple[Candidate, ...]:
@@ -155,14 +153,17 @@ def bound(block: Block) -> float:
     return frontier(block).eps
 
 
-def _search(info: policy.BlockInfo, eps: float, cap: int | None) -> tuple[Candidate, ...]:
+def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None) -> tuple[tuple[Candidate, ...], float]:
+    """(candidates, eps). Exact (eps 0) when `step_cap` is None, raising _OverWork past `work_cap` partial policies or
+    the deadline. Else bounded: a step left with more than `step_cap` partial policies is pruned again with a
+    tolerance f of the block's forward time and saved bytes, f doubling until they fit; eps is the sum of the steps'
+    f (each step's pruning moves a surviving policy by at most its f)."""
     ops = [o for o in info.block.ops if not o.view]
     units, keepable = set(info.units), set(info.keepable)
     holds = {o.id for o in ops if o.id in info.needed_out or o.id in info.collective}
-    steps = max(1, len(ops))
-    tol_s = eps * sum(o.fwd_s for o in ops) / steps
-    tol_b = eps * sum(info.unit_bytes[u] for u in info.units) / steps
-    work = 0
+    total_s = sum(o.fwd_s for o in ops)
+    total_b = sum(info.unit_bytes[u] for u in info.units)
+    work, eps, f = 0, 0.0, F_FIRST
     # state: the ops still required (read by a recomputed op, not yet decided) -> Pareto-optimal partial policies
     # (kept bytes, recompute seconds, regenerated bytes, replays a collective, keep, recompute)
     states: dict[frozenset[str], list[tuple]] = {frozenset(): [(info.block.input_bytes, 0.0, 0, False, (), ())]}
@@ -187,11 +188,24 @@ def _search(info: policy.BlockInfo, eps: float, cap: int | None) -> tuple[Candid
             nxt.setdefault(reading, []).extend(
                 (kept, secs + op.fwd_s, regen + regen_bytes, rep or replays, keep, rec + (o,))
                 for kept, secs, regen, rep, keep, rec in partials)
-        states = {r: _prune(ps, tol_s, tol_b) for r, ps in nxt.items()}
-        work += sum(map(len, states.values()))
-        if cap is not None and (work > cap or _late()):
-            raise _OverWork  # too much work for this tolerance, or the solver's clock ran out: coarser
-    return _frontier([_candidate(info, list(keep), list(rec)) for ps in states.values() for *_, keep, rec in ps])
+        states = {r: _prune(ps) for r, ps in nxt.items()}
+        size = sum(map(len, states.values()))
+        work += size
+        if step_cap is None:
+            if (work_cap is not None and work > work_cap) or _late():
+                raise _OverWork  # too much work to be exact, or the solver's clock ran out
+            continue
+        cap = LATE_CAP if _late() else step_cap
+        if size > cap:
+            f = max(F_FIRST, f / 4)  # about what the last crowded step needed
+            while True:
+                states = {r: _prune(ps, f * total_s, f * total_b) for r, ps in nxt.items()}
+                if f >= F_LAST or sum(map(len, states.values())) <= cap:
+                    break
+                f = min(F_LAST, 2 * f)
+            eps += f
+    cands = _frontier([_candidate(info, list(keep), list(rec)) for ps in states.values() for *_, keep, rec in ps])
+    return cands, math.ceil(eps * 1e4) / 1e4  # rounded up: the bound stays true
 
 
 def _prune(partials: list[tuple], tol_s: float = 0.0, tol_b: float = 0.0) -> list[tuple]:
