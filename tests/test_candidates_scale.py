@@ -181,12 +181,20 @@ def test_milp_time_limit_charges_the_candidate_build(monkeypatch):
     monkeypatch.setattr(repeats, "fold", lambda block: None)
     searched = []
     real = candidates._search
-    monkeypatch.setattr(candidates, "_search",
-                        lambda info, work, step: searched.append((work, step)) or real(info, work, step))
+    sizes = []
+
+    def search(info, work, step):
+        searched.append((work, step))
+        got = real(info, work, step)
+        sizes.append(len(got[0]))
+        return got
+
+    monkeypatch.setattr(candidates, "_search", search)
     prof = synthetic_moe_profile(16)
     solved = solvers.solve(prof, "checkmate", 1 << 62, time_limit=0.0)
     assert solved.solver.candidates.eps > 0
     assert searched and set(searched) == {(None, candidates.STEP_CAP)}  # never the exact search
+    assert max(sizes) <= candidates.LATE_CAP  # late: a few candidates
     assert len(candidates.frontier(prof.blocks["gpt_layer"]).candidates) > 16  # coarse frontiers are not remembered
     assert candidates.frontier(prof.blocks["gpt_layer"]).eps == 0.0
 
