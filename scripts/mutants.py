@@ -195,6 +195,12 @@ MUTANTS: list[Mutant] = [
     M("runtime/routing.py", "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in names)",
       "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in [expert])",
       "test_runtime_composition.py", what="shared_keep: kept op not spread to the other experts"),
+    M("solvers/candidates.py", "            eps += f", "            eps = max(eps, f)", "test_candidates_scale.py",
+      what="bounded search charges the largest step tolerance, not their sum"),
+    M("solvers/candidates.py", "            eps += f", "            eps += f / 2", "test_candidates_scale.py",
+      what="bounded search charges half a crowded step's tolerance"),
+    M("solvers/candidates.py", "cap = LATE_CAP if _late() else step_cap", "cap = step_cap", "test_candidates_scale.py",
+      what="a frontier built after the deadline keeps the full step cap"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
