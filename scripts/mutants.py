@@ -201,6 +201,8 @@ MUTANTS: list[Mutant] = [
       what="bounded search charges half a crowded step's tolerance"),
     M("solvers/candidates.py", "cap = LATE_CAP if _late() else step_cap", "cap = step_cap", "test_candidates_scale.py",
       what="a frontier built after the deadline keeps the full step cap"),
+    M("solvers/candidates.py", "work > work_cap or (step_cap is not None and size > step_cap) or _late()",
+      "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

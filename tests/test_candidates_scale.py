@@ -159,6 +159,16 @@ def test_bounded_frontier_keeps_its_promise(monkeypatch):
     assert not _promise_kept(points, bounded.candidates, bounded.eps / 10, *_totals(info))
 
 
+def test_exact_search_gives_up_at_a_crowded_step():
+    """The first, exact try of a block stops as soon as one step holds more than the step cap (that block would be
+    searched bounded anyway), not only past its total work cap; without a step cap it finishes."""
+    prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+    info = policy.analyse(max(prof.blocks.values(), key=lambda b: len(b.ops)))
+    with pytest.raises(candidates._OverWork):
+        candidates._search(info, 10**9, 4)
+    assert candidates._search(info, 10**9, None)[1] == 0.0
+
+
 def test_plan_says_when_candidates_were_grouped_and_opt_claims_nothing(monkeypatch):
     monkeypatch.setattr(candidates, "FOLD_CAP", 1)
     prof = synthetic_moe_profile(4)

@@ -110,7 +110,8 @@ def frontier(block: Block) -> Frontier:
 
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
-    got = _exact(info, FOLD_CAP) or _large(block, info)  # exact when that is quick, repeats or not
+    # exact when that is quick, repeats or not (a crowded step would be bounded anyway: give up there)
+    got = _exact(info, FOLD_CAP, STEP_CAP) or _large(block, info)
     if got.exact or not _late():  # a frontier coarsened by a deadline is for that search only
         _memo[id(block)] = (block, got)  # holding the block keeps its id from being reused
     return got
@@ -135,12 +136,13 @@ def _spread(folded: repeats.Folded, order: list[tuple[str, str]], c: Candidate) 
                      c.replays_collective)
 
 
-def _exact(info: policy.BlockInfo, work_cap: int) -> Frontier | None:
-    """The exact frontier, or None if its search creates more than `work_cap` partial policies (or runs late)."""
+def _exact(info: policy.BlockInfo, work_cap: int, step_cap: int | None = None) -> Frontier | None:
+    """The exact frontier, or None if its search creates more than `work_cap` partial policies, or more than `step_cap`
+    in one step (or runs late)."""
     if _late():
         return None
     try:
-        return Frontier(*_search(info, work_cap, None))
+        return Frontier(*_search(info, work_cap, step_cap))
     except _OverWork:
         return None
 
@@ -156,10 +158,10 @@ def bound(block: Block) -> float:
 
 
 def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None) -> tuple[tuple[Candidate, ...], float]:
-    """(candidates, eps). Exact (eps 0) when `step_cap` is None, raising _OverWork past `work_cap` partial policies or
-    the deadline. Else bounded: a step left with more than `step_cap` partial policies is pruned again with a
-    tolerance f of the block's forward time and saved bytes, f doubling until they fit; eps is the sum of the steps'
-    f (each step's pruning moves a surviving policy by at most its f)."""
+    """(candidates, eps). Exact (eps 0) when `work_cap` is given, raising _OverWork past `work_cap` partial policies,
+    past `step_cap` in one step, or past the deadline. Else bounded: a step left with more than `step_cap` partial
+    policies is pruned again with a tolerance f of the block's forward time and saved bytes, f doubling until they
+    fit; eps is the sum of the steps' f (each step's pruning moves a surviving policy by at most its f)."""
     ops = [o for o in info.block.ops if not o.view]
     units, keepable = set(info.units), set(info.keepable)
     holds = {o.id for o in ops if o.id in info.needed_out or o.id in info.collective}
@@ -193,8 +195,8 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None) 
         states = {r: _prune(ps) for r, ps in nxt.items()}
         size = sum(map(len, states.values()))
         work += size
-        if step_cap is None:
-            if (work_cap is not None and work > work_cap) or _late():
+        if work_cap is not None:
+            if work > work_cap or (step_cap is not None and size > step_cap) or _late():
                 raise _OverWork  # too much work to be exact, or the solver's clock ran out
             continue
         cap = LATE_CAP if _late() else step_cap
