@@ -60,7 +60,7 @@ class Frontier:
 
 WORK_CAP = 200_000  # partial policies an exact search of a block without repeats may create (about a second)
 FOLD_CAP = 20_000  # past this much work, a block with repeats is searched folded (decided as groups) instead
-STEP_CAP = 1_500  # partial policies one step of a bounded search may keep: past it, that step's tolerance rises
+STEP_CAP = 1_000  # partial policies one step of a bounded search may keep: past it, that step's tolerance rises
 LATE_CAP = 16  # the same, for a frontier built after a solver's deadline (a few candidates, quickly)
 F_FIRST, F_LAST = 1e-4, 1.0  # a step's tolerance (fraction of the block's forward time and saved bytes), first and most
 
@@ -111,7 +111,7 @@ def frontier(block: Block) -> Frontier:
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
     # exact when that is quick, repeats or not (a crowded step would be bounded anyway: give up there)
-    got = _exact(info, FOLD_CAP, STEP_CAP) or _large(block, info)
+    got = _exact(info, FOLD_CAP, 2 * STEP_CAP) or _large(block, info)
     if got.exact or not _late():  # a frontier coarsened by a deadline is for that search only
         _memo[id(block)] = (block, got)  # holding the block keeps its id from being reused
     return got
