@@ -110,8 +110,8 @@ def frontier(block: Block) -> Frontier:
 
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
-    # exact when that is quick, repeats or not (a crowded step would be bounded anyway: give up there)
-    got = _exact(info, FOLD_CAP, 2 * STEP_CAP) or _large(block, info)
+    # exact when that is quick, repeats or not (a step holding a quarter of the cap: it will not be, give up there)
+    got = _exact(info, FOLD_CAP, FOLD_CAP // 4) or _large(block, info)
     if got.exact or not _late():  # a frontier coarsened by a deadline is for that search only
         _memo[id(block)] = (block, got)  # holding the block keeps its id from being reused
     return got
