@@ -203,6 +203,8 @@ MUTANTS: list[Mutant] = [
       what="a frontier built after the deadline keeps the full step cap"),
     M("solvers/candidates.py", "work > work_cap or (step_cap is not None and size > step_cap) or _late()",
       "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
+    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_candidates_scale.py",
+      what="HEU repair gives up after 8 rounds (infeasible on an autocast MoE at the upper limit)"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

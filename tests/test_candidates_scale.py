@@ -4,6 +4,7 @@ time limit charged with the candidate build (issue 21.6), and HEU's ties going t
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import random
 import sys
@@ -207,6 +208,20 @@ def test_milp_time_limit_charges_the_candidate_build(monkeypatch):
     assert max(sizes) <= candidates.LATE_CAP  # late: a few candidates
     assert len(candidates.frontier(prof.blocks["gpt_layer"]).candidates) > 16  # coarse frontiers are not remembered
     assert candidates.frontier(prof.blocks["gpt_layer"]).eps == 0.0
+
+
+def test_heu_plans_an_autocast_moe_profile_at_every_limit():
+    """A tiny Qwen3-MoE under bf16 autocast, profiled on a CPU (tests/moe_models.py, frozen in tests/data): grouped
+    and bounded candidates, and HEU's repair of over-limit stages has to step many layers down their (dense) frontier
+    before the simulation fits at the upper limit."""
+    prof = Profile.model_validate_json(gzip.decompress((ROOT / "tests/data/qwen3_moe-bf16-autocast.profile.json.gz")
+                                                       .read_bytes()))
+    full, none = (solvers.solve(prof, a, 1 << 62).evaluation.peak_bytes for a in ("full", "none"))
+    for frac in (0.25, 0.5, 0.75):
+        limit = int(full + frac * (none - full))
+        heu = solvers.solve(prof, "heu", limit)
+        assert heu.evaluation.fits(limit)
+        assert heu.solver.candidates.groups == 2 and 0 < heu.solver.candidates.eps < 0.5
 
 
 def test_ties_go_to_less_recomputation():
