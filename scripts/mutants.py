@@ -217,6 +217,16 @@ MUTANTS: list[Mutant] = [
       what="cli leftover: directories made for failed outputs kept"),
     M("commands/choices.py", "[(v, v) for v in values]", "[(v, v) for v in values[:3]]", W,
       what="cli leftover: an option's last choices dropped (zero-bubble)"),
+    M("solvers/candidates.py", "            eps += f", "            eps = max(eps, f)", "test_candidates_scale.py",
+      what="bounded search charges the largest step tolerance, not their sum"),
+    M("solvers/candidates.py", "            eps += f", "            eps += f / 2", "test_candidates_scale.py",
+      what="bounded search charges half a crowded step's tolerance"),
+    M("solvers/candidates.py", "cap = LATE_CAP if _late() else step_cap", "cap = step_cap", "test_candidates_scale.py",
+      what="a frontier built after the deadline keeps the full step cap"),
+    M("solvers/candidates.py", "work > work_cap or (step_cap is not None and size > step_cap) or _late()",
+      "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
+    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_candidates_scale.py",
+      what="HEU repair gives up after 8 rounds (infeasible on an autocast MoE at the upper limit)"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

@@ -4,6 +4,7 @@ time limit charged with the candidate build (issue 21.6), and HEU's ties going t
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import random
 import sys
@@ -118,23 +119,55 @@ def test_grouped_candidates_are_executable_uniform_and_priced_exactly(experts, m
             assert len(kept) == 1, (role, c.keep)
 
 
+def _promise_kept(exact_points, bounded, eps, total_s, total_b):
+    """Every exact Pareto point has a bounded candidate keeping no more bytes, replaying no more collectives, and
+    recomputing at most eps of the forward time (regenerating at most eps of the saved bytes) more."""
+    return all(any(c.kept_bytes <= k and c.replays_collective <= rep and c.rec_s <= s + eps * total_s + 1e-9
+                   and c.rec_bytes <= b + eps * total_b + 1e-9 for c in bounded)
+               for k, s, b, rep in exact_points)
+
+
+def _totals(info):
+    return sum(info.fwd_s.values()), sum(info.unit_bytes[u] for u in info.units)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(blocks(), st.sampled_from([1, 2, 3]))
+def test_bounded_search_keeps_its_promise_against_brute_force(block, step_cap):
+    """A search whose steps may keep only a few partial policies states an eps, and that eps holds against the brute
+    force Pareto set (the tolerance charged per crowded step adds up)."""
+    info = policy.analyse(block)
+    cands, eps = candidates._search(info, None, step_cap)
+    assert cands and all(policy.validate(info, sorted(c.keep), list(c.recompute)) is None for c in cands)
+    assert _promise_kept(_brute_frontier(block), cands, eps, *_totals(info))
+
+
 def test_bounded_frontier_keeps_its_promise(monkeypatch):
     prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
     block = max(prof.blocks.values(), key=lambda b: len(b.ops))
     exact = candidates.frontier(block)
     assert exact.exact
     candidates.reset_caches()
-    monkeypatch.setattr(candidates, "WORK_CAP", 1)  # every tolerance below the last is over the cap
+    monkeypatch.setattr(candidates, "WORK_CAP", 1)  # the exact search is over its cap at once
     monkeypatch.setattr(candidates, "FOLD_CAP", 1)
+    monkeypatch.setattr(candidates, "STEP_CAP", 32)
     bounded = candidates.frontier(block)
-    assert bounded.eps == candidates.EPS_LAST and len(bounded.candidates) < len(exact.candidates)
+    assert 0 < bounded.eps < 0.5 and len(bounded.candidates) < len(exact.candidates)
     info = policy.analyse(block)
-    total_s = sum(info.fwd_s.values())
-    total_b = sum(info.unit_bytes[u] for u in info.units)
-    for e in exact.candidates:
-        assert any(c.kept_bytes <= e.kept_bytes and c.replays_collective <= e.replays_collective
-                   and c.rec_s <= e.rec_s + bounded.eps * total_s + 1e-12
-                   and c.rec_bytes <= e.rec_bytes + bounded.eps * total_b for c in bounded.candidates)
+    points = [(e.kept_bytes, e.rec_s, e.rec_bytes, e.replays_collective) for e in exact.candidates]
+    assert _promise_kept(points, bounded.candidates, bounded.eps, *_totals(info))
+    # and the eps is needed: a tenth of it does not cover every exact point
+    assert not _promise_kept(points, bounded.candidates, bounded.eps / 10, *_totals(info))
+
+
+def test_exact_search_gives_up_at_a_crowded_step():
+    """The first, exact try of a block stops as soon as one step holds more than the step cap (that block would be
+    searched bounded anyway), not only past its total work cap; without a step cap it finishes."""
+    prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+    info = policy.analyse(max(prof.blocks.values(), key=lambda b: len(b.ops)))
+    with pytest.raises(candidates._OverWork):
+        candidates._search(info, 10**9, 4)
+    assert candidates._search(info, 10**9, None)[1] == 0.0
 
 
 def test_plan_says_when_candidates_were_grouped_and_opt_claims_nothing(monkeypatch):
@@ -159,12 +192,36 @@ def test_milp_time_limit_charges_the_candidate_build(monkeypatch):
     monkeypatch.setattr(repeats, "fold", lambda block: None)
     searched = []
     real = candidates._search
-    monkeypatch.setattr(candidates, "_search", lambda info, eps, cap: searched.append(eps) or real(info, eps, cap))
+    sizes = []
+
+    def search(info, work, step):
+        searched.append((work, step))
+        got = real(info, work, step)
+        sizes.append(len(got[0]))
+        return got
+
+    monkeypatch.setattr(candidates, "_search", search)
     prof = synthetic_moe_profile(16)
     solved = solvers.solve(prof, "checkmate", 1 << 62, time_limit=0.0)
-    assert solved.solver.candidates.eps == candidates.EPS_LAST
-    assert set(searched) == {candidates.EPS_LAST}  # never the exact search
-    assert candidates.frontier(prof.blocks["gpt_layer"]).eps == 0.0  # coarse frontiers are not remembered
+    assert solved.solver.candidates.eps > 0
+    assert searched and set(searched) == {(None, candidates.STEP_CAP)}  # never the exact search
+    assert max(sizes) <= candidates.LATE_CAP  # late: a few candidates
+    assert len(candidates.frontier(prof.blocks["gpt_layer"]).candidates) > 16  # coarse frontiers are not remembered
+    assert candidates.frontier(prof.blocks["gpt_layer"]).eps == 0.0
+
+
+def test_heu_plans_an_autocast_moe_profile_at_every_limit():
+    """A tiny Qwen3-MoE under bf16 autocast, profiled on a CPU (tests/moe_models.py, frozen in tests/data): grouped
+    and bounded candidates, and HEU's repair of over-limit stages has to step many layers down their (dense) frontier
+    before the simulation fits at the upper limit."""
+    prof = Profile.model_validate_json(gzip.decompress((ROOT / "tests/data/qwen3_moe-bf16-autocast.profile.json.gz")
+                                                       .read_bytes()))
+    full, none = (solvers.solve(prof, a, 1 << 62).evaluation.peak_bytes for a in ("full", "none"))
+    for frac in (0.25, 0.5, 0.75):
+        limit = int(full + frac * (none - full))
+        heu = solvers.solve(prof, "heu", limit)
+        assert heu.evaluation.fits(limit)
+        assert heu.solver.candidates.groups == 2 and 0 < heu.solver.candidates.eps < 0.5
 
 
 def test_ties_go_to_less_recomputation():

@@ -417,7 +417,7 @@ def shortened(profile: Profile) -> Profile:
     return profile.model_copy(update={"parallel": par.model_copy(update={"num_microbatches": m})})
 
 
-def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[HullCache], max_rounds: int = 8):
+def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[HullCache], max_rounds: int = 32):
     """Step layers of over-limit stages down their frontier until the simulation finds every stage within its
     limit (or nothing is left to give): each round frees at least the measured excess, cheapest steps first."""
     p = profile.parallel.pp
