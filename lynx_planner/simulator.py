@@ -381,9 +381,12 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
                              backward_deadlines(orders[r]), split))
     bus = costs.p2p_link(hw, par.tp * par.dp) if par.rank_order == "tp-dp-pp" else costs.link(hw, par.tp * p)
+    # Megatron's order also splits a whole (not sequence-parallel) activation over the TP ranks' links
+    shares = par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
-            costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for c, runs in enumerate(stage_layers)]
+            costs.scatter_gather_send_s(boundary_bytes(profile, runs[-1].index), shares, bus, costs.link(hw, par.tp))
+            for c, runs in enumerate(stage_layers)]
     fires = [placements.prev_forward_fires(par.schedule, p, v, r, m) for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
