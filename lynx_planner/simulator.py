@@ -455,7 +455,7 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     par, hw = profile.parallel, profile.hardware
     if par.dp == 1 and not par.optimizer_step:
         return
-    bus = costs.link(hw, par.tp * par.dp)
+    bus = costs.group_link(hw, par.dp, par.tp)
     p = len(stage_layers)
     tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
 

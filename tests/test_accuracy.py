@@ -226,6 +226,27 @@ def test_megatron_rank_order_and_p2p_link_price_the_stage_transfers():
     assert iteration(sp) == pytest.approx(6 + 2 * 8e9 / 10e9)
 
 
+def test_a_group_with_several_gpus_per_node_crosses_nodes_on_several_nics():
+    hw = A100.model_copy(update={"intra_node_bus_bytes_per_s": 200e9, "inter_node_bus_bytes_per_s": 20e9,
+                                 "gpus_per_node": 8, "nics_per_node": 8})
+    assert costs.group_link(hw, 8, 1) == costs.link(hw, 8)  # within a node
+    assert costs.group_link(hw, 32, 8)[0] == 20e9  # tp 8: one GPU per node in the DP group, one NIC
+    assert costs.group_link(hw, 32, 2)[0] == 80e9  # tp 2: 4 per node, 4 rings
+    assert costs.group_link(hw, 32, 1)[0] == 160e9  # tp 1: 8 per node, 8 NICs
+    assert costs.group_link(hw.model_copy(update={"inter_node_bus_bytes_per_s": 40e9}), 32, 1)[0] == 200e9  # capped
+    old = hw.model_copy(update={"nics_per_node": None})  # hardware files without the field: one NIC's worth
+    assert costs.group_link(old, 32, 1) == costs.link(old, 32)
+    # the simulator's DP reduction over 16 ranks on 2 nodes (test_dp's links: 4 GB/s in a node, 1 GB/s a NIC),
+    # after the backward: each of the 2 layers all-reduces 4 P bytes, over 1 NIC's ring or min(8 x 1, 4) GB/s
+    prof = synthetic(16)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_grad_reduce": False})})
+    one, eight = (prof.model_copy(update={"hardware": prof.hardware.model_copy(update={"nics_per_node": n})})
+                  for n in (None, 8))
+    ring = 2 * 15 / 16 * 4 * P
+    assert iteration(one) == pytest.approx(16.0 + 2 * ring / 1e9)
+    assert iteration(eight) == pytest.approx(16.0 + 2 * ring / 4e9)
+
+
 def test_defaults_leave_stored_profiles_bytes_unchanged():
     path = Path("profiles/gpt-13b-a100-80g-nvlink-tp4-pp4-mb1-m16.json")
     text = path.read_text()

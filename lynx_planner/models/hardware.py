@@ -29,7 +29,8 @@ HOPPER_SUSTAINED = 0.72
 
 
 def _hw(name: str, mem_gib: float, tflops: float, hbm_gbs: float, intra_gbs: float, inter_gbs: float, note: str,
-        gemm: float = GEMM_EFFICIENCY, attn: float = ATTENTION_EFFICIENCY, mem: float = 0.80) -> Hardware:
+        gemm: float = GEMM_EFFICIENCY, attn: float = ATTENTION_EFFICIENCY, mem: float = 0.80,
+        nics: int | None = 8) -> Hardware:
     return Hardware(
         name=name,
         memory_bytes=int(mem_gib * GiB),
@@ -48,6 +49,7 @@ def _hw(name: str, mem_gib: float, tflops: float, hbm_gbs: float, intra_gbs: flo
         gemm_half_dim=GEMM_HALF_DIM,
         attention_half_flops=ATTENTION_HALF_FLOPS,
         gemm_backward_efficiency=GEMM_BACKWARD_EFFICIENCY,
+        nics_per_node=nics,
     )
 
 
@@ -55,14 +57,15 @@ HARDWARE: dict[str, Hardware] = {
     h.name: h
     for h in [
         _hw("v100-32g-nvlink", 32, 125.0, 900.0, 130.0, 12.0,
-            "V100 SXM2 32 GB: 125 TFLOP/s fp16, 900 GB/s HBM2; NVLink2 hybrid cube mesh; 100 Gb/s IB per GPU."),
+            "V100 SXM2 32 GB: 125 TFLOP/s fp16, 900 GB/s HBM2; NVLink2 hybrid cube mesh; 100 Gb/s IB per GPU.",
+            nics=None),
         _hw("a100-40g-nvlink", 40, 312.0, 1555.0, 230.0, 24.0,
             "A100 SXM4 40 GB: 312 TFLOP/s bf16, 1555 GB/s HBM2; NVLink3/NVSwitch; 200 Gb/s HDR IB per GPU."),
         _hw("a100-80g-nvlink", 80, 312.0, 2039.0, 230.0, 24.0,
             "A100 SXM4 80 GB: 312 TFLOP/s bf16, 2039 GB/s HBM2e; NVLink3/NVSwitch; 200 Gb/s HDR IB per GPU."),
         _hw("a100-80g-pcie", 80, 312.0, 1935.0, 20.0, 12.0,
             "A100 PCIe 80 GB: 312 TFLOP/s bf16, 1935 GB/s HBM2e; PCIe 4.0 x16 through host bridges, no NVLink; "
-            "100 Gb/s Ethernet/IB per node share."),
+            "100 Gb/s Ethernet/IB per node share.", nics=None),
         _hw("h100-80g-nvlink", 80, 989.5, 3350.0, 360.0, 45.0,
             "H100 SXM5 80 GB: 989.5 TFLOP/s dense bf16 (1979 with sparsity), 3350 GB/s HBM3; NVLink4/NVSwitch; "
             "400 Gb/s NDR IB per GPU.", gemm=GEMM_EFFICIENCY * HOPPER_SUSTAINED,
