@@ -82,11 +82,14 @@ def link(hw: Hardware, ranks_spanned: int) -> tuple[float, float]:
 def group_link(hw: Hardware, size: int, stride: int = 1) -> tuple[float, float]:
     """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart (a data-parallel group in Megatron's
     order: ranks tp apart). Across nodes NCCL runs a ring per NIC, so a group with g GPUs on each node moves
-    min(g, nics_per_node) times one NIC's bus bandwidth, at most the intra-node link's."""
+    min(g, nics_per_node) times one NIC's bus bandwidth; with g > 1 its rings also cross the intra-node link, which
+    then bounds it."""
     if size * stride <= hw.gpus_per_node:
         return link(hw, size * stride)
     per_node = min(size, max(1, hw.gpus_per_node // stride))
     rings = min(per_node, hw.nics_per_node or 1)
+    if rings == 1:
+        return hw.inter_node_bus_bytes_per_s, hw.inter_node_latency_s
     return min(hw.inter_node_bus_bytes_per_s * rings, hw.intra_node_bus_bytes_per_s), hw.inter_node_latency_s
 
 

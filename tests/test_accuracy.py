@@ -234,6 +234,8 @@ def test_a_group_with_several_gpus_per_node_crosses_nodes_on_several_nics():
     assert costs.group_link(hw, 32, 2)[0] == 80e9  # tp 2: 4 per node, 4 rings
     assert costs.group_link(hw, 32, 1)[0] == 160e9  # tp 1: 8 per node, 8 NICs
     assert costs.group_link(hw.model_copy(update={"inter_node_bus_bytes_per_s": 40e9}), 32, 1)[0] == 200e9  # capped
+    # one GPU per node: its ring never crosses the intra-node link, which does not bound it
+    assert costs.group_link(hw.model_copy(update={"inter_node_bus_bytes_per_s": 300e9}), 32, 8)[0] == 300e9
     old = hw.model_copy(update={"nics_per_node": None})  # hardware files without the field: one NIC's worth
     assert costs.group_link(old, 32, 1) == costs.link(old, 32)
     # the simulator's DP reduction over 16 ranks on 2 nodes (test_dp's links: 4 GB/s in a node, 1 GB/s a NIC),
