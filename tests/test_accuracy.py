@@ -319,6 +319,17 @@ def test_korthikanti_rows_within_tolerance():
     assert not off
 
 
+def test_h100_rows_within_tolerance_with_the_tune_rule():
+    """Megatron-LM's H100 table: HOPPER_SUSTAINED is fitted on its pp 1 rows, its pp > 1 rows are the check; the
+    micro-batch, schedule and recomputation are what the `tuned` rule picks, named in each row's note."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import published_runs as pr
+
+    rows = pr.megatron_h100()
+    assert len(rows) == 9 and all(r.note.startswith("mb") for r in rows)
+    assert [(r.label, round(r.ratio, 3)) for r in rows if abs(r.ratio - 1) > pr.TOLERANCE] == []
+
+
 # ---------------------------------------------------------------------------------------------- traced model files
 
 
