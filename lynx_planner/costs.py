@@ -26,30 +26,36 @@ def gemm_s(flops: float, hw: Hardware) -> float:
     return flops / (hw.peak_flops * hw.gemm_efficiency)
 
 
-def shape_efficiency(m: int, k: int, n: int, hw: Hardware) -> float:
-    """Achieved / peak FLOP/s of an [m, k] @ [k, n] GEMM."""
+def shape_efficiency(m: int, k: int, n: int, hw: Hardware, batch: int = 1) -> float:
+    """Achieved / peak FLOP/s of an [m, k] @ [k, n] GEMM, or of `batch` of them in one batched kernel: the batch's
+    tiles fill the waves a small output dimension leaves idle, as if stacked along the smaller one."""
     d = hw.gemm_half_dim
     if d is None:
         return hw.gemm_efficiency
-    return hw.gemm_efficiency * (m / (m + d)) * (n / (n + d))
+    small, large = sorted((m, n))
+    small *= batch
+    return hw.gemm_efficiency * (small / (small + d)) * (large / (large + d))
 
 
-def _gemm_shape_s(m: int, k: int, n: int, hw: Hardware) -> float:
-    t = 2.0 * m * k * n / (hw.peak_flops * shape_efficiency(m, k, n, hw))
+def _gemm_shape_s(m: int, k: int, n: int, hw: Hardware, batch: int = 1) -> float:
+    t = 2.0 * batch * m * k * n / (hw.peak_flops * shape_efficiency(m, k, n, hw, batch))
     if hw.gemm_half_dim is None:
         return t
-    return max(t, memory_s(ELEM * (m * k + k * n + m * n), hw)) + KERNEL_S
+    return max(t, memory_s(ELEM * batch * (m * k + k * n + m * n), hw)) + KERNEL_S
 
 
-def gemm_fwd_s(m: int, k: int, n: int, hw: Hardware) -> float:
-    return _gemm_shape_s(m, k, n, hw)
+def gemm_fwd_s(m: int, k: int, n: int, hw: Hardware, batch: int = 1) -> float:
+    """[m, k] @ [k, n], or `batch` such products in one batched kernel (attention's q kᵀ and p v per head)."""
+    return _gemm_shape_s(m, k, n, hw, batch)
 
 
-def gemm_bwd_s(m: int, k: int, n: int, hw: Hardware) -> float:
-    """Backward of [m, k] @ [k, n]: dgrad [m, n] @ [n, k] plus wgrad [k, m] @ [m, n]."""
+def gemm_bwd_s(m: int, k: int, n: int, hw: Hardware, batch: int = 1) -> float:
+    """Backward of [m, k] @ [k, n]: dgrad [m, n] @ [n, k] plus wgrad [k, m] @ [m, n] (per product of a batch: a
+    batched GEMM's second operand has its own gradient per product, reduced over m only)."""
     if hw.gemm_half_dim is None and hw.gemm_backward_efficiency is None:
-        return 2 * gemm_fwd_s(m, k, n, hw)  # the old meaning, for hardware files without the shape model
-    return (_gemm_shape_s(m, n, k, hw) + _gemm_shape_s(k, m, n, hw)) / (hw.gemm_backward_efficiency or 1.0)
+        return 2 * gemm_fwd_s(m, k, n, hw, batch)  # the old meaning, for hardware files without the shape model
+    return (_gemm_shape_s(m, n, k, hw, batch) + _gemm_shape_s(k, m, n, hw, batch)) / (hw.gemm_backward_efficiency
+                                                                                       or 1.0)
 
 
 def attention_s(flops: float, hw: Hardware, per_head_flops: float | None = None) -> float:
@@ -71,6 +77,20 @@ def link(hw: Hardware, ranks_spanned: int) -> tuple[float, float]:
     if ranks_spanned <= hw.gpus_per_node:
         return hw.intra_node_bus_bytes_per_s, hw.intra_node_latency_s
     return hw.inter_node_bus_bytes_per_s, hw.inter_node_latency_s
+
+
+def group_link(hw: Hardware, size: int, stride: int = 1) -> tuple[float, float]:
+    """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart (a data-parallel group in Megatron's
+    order: ranks tp apart). Across nodes NCCL runs a ring per NIC, so a group with g GPUs on each node moves
+    min(g, nics_per_node) times one NIC's bus bandwidth; with g > 1 its rings also cross the intra-node link, which
+    then bounds it."""
+    if size * stride <= hw.gpus_per_node:
+        return link(hw, size * stride)
+    per_node = min(size, max(1, hw.gpus_per_node // stride))
+    rings = min(per_node, hw.nics_per_node or 1)
+    if rings == 1:
+        return hw.inter_node_bus_bytes_per_s, hw.inter_node_latency_s
+    return min(hw.inter_node_bus_bytes_per_s * rings, hw.intra_node_bus_bytes_per_s), hw.inter_node_latency_s
 
 
 def p2p_link(hw: Hardware, ranks_apart: int) -> tuple[float, float]:
@@ -97,6 +117,15 @@ def all_gather_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:
 
 def p2p_s(nbytes: float, bus: tuple[float, float]) -> float:
     return nbytes / bus[0] + bus[1]
+
+
+def scatter_gather_send_s(nbytes: float, tp: int, bus: tuple[float, float], tp_bus: tuple[float, float]) -> float:
+    """Megatron's pipeline send of an activation every TP rank holds whole (no sequence parallelism): each of the tp
+    ranks sends its 1/tp share over its own link, the receivers all-gather it over the TP group
+    (--scatter-gather-tensors-in-pipeline, on by default since 2021)."""
+    if tp == 1:
+        return p2p_s(nbytes, bus)
+    return p2p_s(nbytes / tp, bus) + all_gather_s(nbytes, tp, tp_bus)
 
 
 def all_to_all_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:

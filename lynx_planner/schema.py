@@ -76,6 +76,10 @@ class Hardware(_Model):
     attention_half_flops: float | None = Field(
         None, ge=0, exclude_if=lambda v: v is None,
         description="FLOPs of one (batch, head) slice of fused attention that runs at half of attention_efficiency")
+    nics_per_node: PositiveInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="network interfaces per node: a collective whose group has several GPUs on each node runs one "
+        "ring per NIC across nodes (None: one, the inter-node bus bandwidth whatever the group)")
     memory_reserve_bytes: int | None = Field(
         None, ge=0, exclude_if=lambda v: v is None,
         description="device memory the allocator, libraries and fragmentation hold (None: models.hardware default)")

@@ -422,6 +422,14 @@ def p2p_bus(profile: Profile) -> tuple[float, float]:
     return costs.link(profile.hardware, par.tp * par.pp)
 
 
+def send_s(profile: Profile, nbytes: float) -> float:
+    """One pipeline send of `nbytes` between neighbouring stages. In Megatron's rank order a whole (not
+    sequence-parallel) activation is also split over the TP ranks' links and all-gathered by the receivers."""
+    par = profile.parallel
+    shares = par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
+    return costs.scatter_gather_send_s(nbytes, shares, p2p_bus(profile), costs.link(profile.hardware, par.tp))
+
+
 def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
     """(chunk, micro-batch) -> position of its backward in the rank's order: the side stream serves the earliest."""
     return {(c, k): i for i, (kind, c, k) in enumerate(order) if kind == "B"}
@@ -452,10 +460,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
                              tables[r][1], split))
-    bus = p2p_bus(profile)
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
-            costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for c, runs in enumerate(stage_layers)]
+            send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
@@ -543,7 +550,7 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     par, hw = profile.parallel, profile.hardware
     if par.dp == 1 and not par.optimizer_step:
         return
-    bus = costs.link(hw, par.tp * par.dp)
+    bus = costs.group_link(hw, par.dp, par.tp)
     p = len(stage_layers)
     tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 
-from lynx_planner import costs, placements, schedules
+from lynx_planner import placements, schedules, simulator
 from lynx_planner.schema import Profile
 from lynx_planner.simulator import (EPS, LayerRun, SimResult, StageResult, _Task, backward_deadlines, boundary_bytes,
                                     reduce_gradients)
@@ -193,10 +193,10 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
                              backward_deadlines(orders[r]), split))
-    bus = costs.p2p_link(hw, par.tp * par.dp) if par.rank_order == "tp-dp-pp" else costs.link(hw, par.tp * p)
-    # a chunk's output goes to the next chunk's rank; none when both are on one rank
+    # a chunk's output goes to the next chunk's rank; none when both are on one rank (priced as the simulator does:
+    # this reference is of the timeline, not of the link model)
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
-            costs.p2p_s(boundary_bytes(profile, runs[-1].index), bus) for c, runs in enumerate(stage_layers)]
+            simulator.send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
     fires = [placements.prev_forward_fires(par.schedule, p, v, r, m) for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]

@@ -66,6 +66,62 @@ def test_backward_is_dgrad_plus_wgrad_each_on_its_shape():
     assert costs.gemm_bwd_s(m, k, n, A100) > 2 * fwd / be
 
 
+def test_a_batched_gemm_fills_the_waves_its_small_side_leaves_idle():
+    s, d, heads = 2048, 96, 32  # p v of math attention: per (batch, head) [s, s] @ [s, d]
+    one = costs.shape_efficiency(s, s, d, A100)
+    assert costs.shape_efficiency(s, s, d, A100, batch=heads) == pytest.approx(
+        costs.shape_efficiency(s, s, d * heads, A100), rel=1e-12)  # as if stacked along the small side
+    assert costs.shape_efficiency(s, s, d, A100, batch=heads) > one
+    # the roofline counts every product's operands: here the batch is memory-bound, 2 bytes x (sk + kd + sd) each
+    moved = costs.memory_s(2 * heads * (s * s + s * d + s * d), A100)
+    assert costs.gemm_fwd_s(s, s, d, A100, batch=heads) == pytest.approx(moved + costs.KERNEL_S, rel=1e-12)
+    # backward: per product, dgrad [s, d] @ [d, s] and the second operand's gradient [s, s]ᵀ @ [s, d]
+    be = A100.gemm_backward_efficiency
+    assert costs.gemm_bwd_s(s, s, d, A100, batch=heads) == pytest.approx(
+        (costs.gemm_fwd_s(s, d, s, A100, batch=heads) + costs.gemm_fwd_s(s, s, d, A100, batch=heads)) / be)
+
+
+def test_math_attention_prices_its_gemms_per_head():
+    from lynx_planner.analytic import gpt_layer_block
+    from lynx_planner.models.catalog import GPTConfig
+
+    par = ParallelConfig(tp=8, micro_batch_size=4)
+    block = gpt_layer_block(GPTConfig("22b", 48, 6144, 64), par, A100, "math", 0.1)
+    ops = {o.id: o for o in block.ops}
+    b, heads, s, d = 4, 8, 2048, 96
+    qk = ops["attn.core:baddbmm#0"]
+    assert qk.flops == 2.0 * b * heads * s * d * s
+    assert qk.fwd_s == costs.gemm_fwd_s(s, d, s, A100, batch=b * heads)
+    assert ops["attn.core:bmm#0"].bwd_s == costs.gemm_bwd_s(s, s, d, A100, batch=b * heads)
+    assert ops["attn.core:bmm#0"].out_bytes == 2 * b * heads * s * d
+
+
+def test_cross_entropy_makes_megatrons_passes_over_the_logits():
+    from lynx_planner.analytic import lm_head_block
+    from lynx_planner.analytic.ops import CE_BWD_BYTES, CE_FWD_BYTES, cross_entropy_s
+    from lynx_planner.models.catalog import GPTConfig
+
+    n, v = 4096, 131072
+    fwd, bwd = cross_entropy_s(n, v, A100, 1)
+    assert (CE_FWD_BYTES, CE_BWD_BYTES) == (38, 14)  # six passes forward, two backward (ops.py)
+    assert fwd == costs.memory_s(38 * n * v, A100) and bwd == costs.memory_s(14 * n * v, A100)
+    assert cross_entropy_s(n, v // 8, A100, 8)[0] == pytest.approx(
+        costs.memory_s(38 * n * v // 8, A100) + 3 * A100.intra_node_latency_s)  # three tiny all-reduces under TP
+    par = ParallelConfig(tp=2, seq_len=2048, micro_batch_size=2)
+    loss = lm_head_block(GPTConfig("x", 2, 1024, 16, vocab=v), par, A100).ops[-1]
+    assert (loss.fwd_s, loss.bwd_s) == cross_entropy_s(4096, v // 2, A100, 2)
+
+
+def test_the_hopper_die_sustains_less_of_its_datasheet_peak():
+    from lynx_planner.models import hardware as H
+
+    for name in ("h100-80g-nvlink", "h200-141g-nvlink"):
+        hw = HARDWARE[name]
+        assert hw.gemm_efficiency == pytest.approx(H.GEMM_EFFICIENCY * H.HOPPER_SUSTAINED)
+        assert hw.attention_efficiency == pytest.approx(H.ATTENTION_EFFICIENCY * H.HOPPER_SUSTAINED)
+    assert A100.gemm_efficiency == H.GEMM_EFFICIENCY and H.HOPPER_SUSTAINED < 1
+
+
 def test_attention_efficiency_grows_with_the_work_of_a_head():
     per_flop_short = costs.attention_s(1e12, A100, per_head_flops=2 * 1024**2 * 64) / 1e12
     per_flop_long = costs.attention_s(1e12, A100, per_head_flops=2 * 8192**2 * 128) / 1e12
@@ -161,8 +217,36 @@ def test_megatron_rank_order_and_p2p_link_price_the_stage_transfers():
                                                              rank_order="tp-dp-pp")})
     # one forward and one backward transfer of 8 GB; 1 + 2 + 2 + 1 s of compute
     assert iteration(old) == pytest.approx(6 + 2 * 8e9 / 100e9)  # before: the link over tp x pp = 4 ranks
-    assert iteration(new) == pytest.approx(6 + 2 * 8e9 / 10e9)  # stages tp x dp = 8 ranks apart: another node
-    assert iteration(near) == pytest.approx(6 + 2 * 8e9 / 50e9)  # 4 ranks apart, same node: the p2p link
+    # Megatron's order: each of the 2 TP ranks sends half (scatter-gather), then they all-gather it over NVLink
+    gather = 8e9 / 2 / 100e9
+    assert iteration(new) == pytest.approx(6 + 2 * (4e9 / 10e9 + gather))  # tp x dp = 8 ranks apart: another node
+    assert iteration(near) == pytest.approx(6 + 2 * (4e9 / 50e9 + gather))  # 4 ranks apart, same node: p2p link
+    # with sequence parallelism the boundary tensor is already split: each rank sends its own share, no gather
+    sp = new.model_copy(update={"parallel": new.parallel.model_copy(update={"sequence_parallel": True})})
+    assert iteration(sp) == pytest.approx(6 + 2 * 8e9 / 10e9)
+
+
+def test_a_group_with_several_gpus_per_node_crosses_nodes_on_several_nics():
+    hw = A100.model_copy(update={"intra_node_bus_bytes_per_s": 200e9, "inter_node_bus_bytes_per_s": 20e9,
+                                 "gpus_per_node": 8, "nics_per_node": 8})
+    assert costs.group_link(hw, 8, 1) == costs.link(hw, 8)  # within a node
+    assert costs.group_link(hw, 32, 8)[0] == 20e9  # tp 8: one GPU per node in the DP group, one NIC
+    assert costs.group_link(hw, 32, 2)[0] == 80e9  # tp 2: 4 per node, 4 rings
+    assert costs.group_link(hw, 32, 1)[0] == 160e9  # tp 1: 8 per node, 8 NICs
+    assert costs.group_link(hw.model_copy(update={"inter_node_bus_bytes_per_s": 40e9}), 32, 1)[0] == 200e9  # capped
+    # one GPU per node: its ring never crosses the intra-node link, which does not bound it
+    assert costs.group_link(hw.model_copy(update={"inter_node_bus_bytes_per_s": 300e9}), 32, 8)[0] == 300e9
+    old = hw.model_copy(update={"nics_per_node": None})  # hardware files without the field: one NIC's worth
+    assert costs.group_link(old, 32, 1) == costs.link(old, 32)
+    # the simulator's DP reduction over 16 ranks on 2 nodes (test_dp's links: 4 GB/s in a node, 1 GB/s a NIC),
+    # after the backward: each of the 2 layers all-reduces 4 P bytes, over 1 NIC's ring or min(8 x 1, 4) GB/s
+    prof = synthetic(16)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_grad_reduce": False})})
+    one, eight = (prof.model_copy(update={"hardware": prof.hardware.model_copy(update={"nics_per_node": n})})
+                  for n in (None, 8))
+    ring = 2 * 15 / 16 * 4 * P
+    assert iteration(one) == pytest.approx(16.0 + 2 * ring / 1e9)
+    assert iteration(eight) == pytest.approx(16.0 + 2 * ring / 4e9)
 
 
 def test_defaults_leave_stored_profiles_bytes_unchanged():
@@ -233,6 +317,17 @@ def test_korthikanti_rows_within_tolerance():
     off = [(r.label, round(r.ratio, 3)) for r in rows
            if abs(r.ratio - 1) > (pr.RATIO_TOLERANCE if r.unit == "x" else pr.TOLERANCE)]
     assert not off
+
+
+def test_h100_rows_within_tolerance_with_the_tune_rule():
+    """Megatron-LM's H100 table: HOPPER_SUSTAINED is fitted on its pp 1 rows, its pp > 1 rows are the check; the
+    micro-batch, schedule and recomputation are what the `tuned` rule picks, named in each row's note."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import published_runs as pr
+
+    rows = pr.megatron_h100()
+    assert len(rows) == 9 and all(r.note.startswith("mb") for r in rows)
+    assert [(r.label, round(r.ratio, 3)) for r in rows if abs(r.ratio - 1) > pr.TOLERANCE] == []
 
 
 # ---------------------------------------------------------------------------------------------- traced model files

@@ -20,7 +20,7 @@ def synthetic(dp: int, distributed_optimizer: bool = False, pp: int = 1, m: int 
            Op(id="b:gelu#0", fwd_s=0.5, bwd_s=0.5, out_bytes=3000, inputs=["a:mm#0"], saves=["a:mm#0"])]
     hw = HARDWARE["a100-80g-nvlink"].model_copy(update={
         "inter_node_latency_s": 0.0, "intra_node_latency_s": 0.0, "intra_node_bus_bytes_per_s": 4e9,
-        "inter_node_bus_bytes_per_s": 1e9, "interference": 1.0})
+        "inter_node_bus_bytes_per_s": 1e9, "interference": 1.0, "nics_per_node": None})  # one NIC's ring
     return Profile(model=ModelInfo(name="synthetic", source="test", params=0),
                    parallel=ParallelConfig(pp=pp, dp=dp, num_microbatches=m,
                                            distributed_optimizer=distributed_optimizer),

@@ -16,7 +16,7 @@ from .. import costs
 from ..models.catalog import GPTConfig, as_spec
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
-from .ops import ACT, STAT, _OpList, _TP, bytes_per_param
+from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, cross_entropy_s
 
 def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str,
                     dropout: float) -> Block:
@@ -42,14 +42,14 @@ def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardwar
         ctx = core
     else:
         probs_elems = b * heads * s * s
-        ops.gemm("attn.core:baddbmm#0", b * heads * s, h // a, s, saves=[qkv], inputs=[qkv],
-                          tags=["core_attn"])
+        ops.gemm("attn.core:baddbmm#0", s, h // a, s, saves=[qkv], inputs=[qkv], tags=["core_attn"],
+                 batch=b * heads)  # q kᵀ per (batch, head)
         pb = ACT * probs_elems
         probs = ops.elementwise("attn.core:_softmax#0", pb, 2 * pb, 3 * pb, saves=["self"], tags=["core_attn"])
         if dropout > 0:
             probs = ops.dropout("attn.core.dropout:native_dropout#0", probs_elems, tags=["core_attn"])
-        ops.gemm("attn.core:bmm#0", b * heads * s, s, h // a, saves=[probs, qkv], inputs=[probs, qkv],
-                 tags=["core_attn"])
+        ops.gemm("attn.core:bmm#0", s, s, h // a, saves=[probs, qkv], inputs=[probs, qkv], tags=["core_attn"],
+                 batch=b * heads)  # p v per (batch, head)
         x = ACT * n * h // t
         ctx = ops.elementwise("attn.core:clone#0", x, 2 * x, 2 * x)  # [b*n, s, d] -> [s, b, h] copy
     ops.gemm("attn.proj:addmm#0", n, h // t, h, saves=[ctx])
@@ -96,11 +96,10 @@ def lm_head_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware)
     logits_fwd = costs.gemm_s(2.0 * n * h * v / t, hw)
     _TP(par, hw, n, h).before_column(ops, "head", logits_fwd)
     logits = ops.gemm("head:mm#0", n, h, v // t, saves=[ln])
-    # Vocab-parallel cross-entropy keeps fp32 softmax (4 s b v / t bytes); its max/sum all-reduces are tiny.
-    lat = costs.link(hw, t)[1] * 2 if t > 1 else 0.0
-    fp32 = STAT * n * v // t
-    ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=costs.memory_s(ACT * n * v / t + fp32, hw) + lat,
-            bwd_s=costs.memory_s(fp32 + ACT * n * v / t, hw), out_bytes=STAT * n, aux_bytes=fp32)
+    # Vocab-parallel cross-entropy keeps its fp32 softmax (4 s b v / t bytes) for the backward.
+    fwd, bwd = cross_entropy_s(n, v // t, hw, t)
+    ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=fwd, bwd_s=bwd, out_bytes=STAT * n,
+            aux_bytes=STAT * n * v // t)
     return Block(name="lm_head", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 

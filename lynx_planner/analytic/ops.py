@@ -36,10 +36,11 @@ class _OpList:
         return id
 
     def gemm(self, id: str, m: int, k: int, n: int, saves: list[str], inputs: list[str] | None = None,
-             tags: list[str] | None = None) -> str:
-        return self.add(id, inputs=inputs, saves=saves, fwd_s=costs.gemm_fwd_s(m, k, n, self.hw),
-                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw), flops=2.0 * m * k * n, out_bytes=ACT * m * n,
-                        tags=tags or [])
+             tags: list[str] | None = None, batch: int = 1) -> str:
+        """[m, k] @ [k, n], or `batch` such products in one batched kernel."""
+        return self.add(id, inputs=inputs, saves=saves, fwd_s=costs.gemm_fwd_s(m, k, n, self.hw, batch),
+                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw, batch), flops=2.0 * batch * m * k * n,
+                        out_bytes=ACT * batch * m * n, tags=tags or [])
 
     def elementwise(self, id: str, out_bytes: int, fwd_rw: float, bwd_rw: float, **kw) -> str:
         return self.add(id, fwd_s=costs.memory_s(fwd_rw, self.hw), bwd_s=costs.memory_s(bwd_rw, self.hw),
@@ -93,6 +94,23 @@ class _TP:
         return ops.collective(f"{module}:tp_all_reduce#0", c, 0.0, self.full)
 
 
+
+
+# Bytes Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py, unfused, the default)
+# moves per logit. Forward: the cast to fp32 (read 2, write 4), the max (read 4), subtracting it in place (8), exp in
+# place (8), the sum (read 4), dividing by it in place (8). Backward: the gradient scaled in place (8) and cast back
+# to the logits' bf16 (read 4, write 2). Its max/sum all-reduces over TP carry one number per token.
+CE_FWD_BYTES = 2 + 4 + 4 + 8 + 8 + 4 + 8
+CE_BWD_BYTES = 8 + 4 + 2
+
+
+def cross_entropy_s(tokens: int, vocab_per_rank: int, hw: Hardware, tp: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the vocab-parallel cross-entropy over `tokens` x `vocab_per_rank` logits: six
+    memory-bound passes forward, two backward (CE_FWD_BYTES, CE_BWD_BYTES), plus three all-reduce latencies forward
+    (max, predicted logit, sum of exponentials) under TP."""
+    elems = tokens * vocab_per_rank
+    lat = 3 * costs.link(hw, tp)[1] if tp > 1 else 0.0
+    return costs.memory_s(CE_FWD_BYTES * elems, hw) + lat, costs.memory_s(CE_BWD_BYTES * elems, hw)
 
 
 def ew(ops: _OpList, id: str, out_bytes: int, inputs: list[str] | None = None, saves: list[str] | None = None,

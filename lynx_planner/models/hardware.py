@@ -16,14 +16,21 @@ _ASSUMED = (
 # The shape model (costs.py), fitted on one source, Korthikanti et al. 2022 (A100, Tables 4 and 5: the best of a
 # grid over GEMM_EFFICIENCY x GEMM_HALF_DIM x GEMM_BACKWARD_EFFICIENCY), and checked on Narayanan et al. 2021 (A100)
 # and Megatron-LM's H100 table (benchmarks/published_runs.py; docs/accuracy.md). The same on every NVIDIA kind.
-GEMM_EFFICIENCY = 0.85
-GEMM_HALF_DIM = 256.0  # an output 2048 x 768 (tokens x columns per rank) runs at 0.85 x 0.67
+GEMM_EFFICIENCY = 0.90
+GEMM_HALF_DIM = 384.0  # an output 2048 x 768 (tokens x columns per rank) runs at 0.90 x 0.84 x 0.67
 ATTENTION_HALF_FLOPS = 1e8  # per (batch, head) slice: 2 s^2 d causal FLOPs; s 1024, d 64 runs at 0.57 of the top
-GEMM_BACKWARD_EFFICIENCY = 0.92
+GEMM_BACKWARD_EFFICIENCY = 0.85
+ATTENTION_EFFICIENCY = 0.50
+# The Hopper die (H100, H200: the same GH100 SMs at 700 W) sustains a smaller share of its datasheet peak in training
+# than the A100 does of its own: its GEMM and attention tops are the A100-fitted ones times HOPPER_SUSTAINED, fitted
+# on the single-stage rows of Megatron-LM's H100 table (the one published H100 source here; its pipeline rows are the
+# check): `python benchmarks/published_runs.py --fit`. H100 GEMMs then top out at 0.65 x 989.5 = 641 TFLOP/s.
+HOPPER_SUSTAINED = 0.72
 
 
 def _hw(name: str, mem_gib: float, tflops: float, hbm_gbs: float, intra_gbs: float, inter_gbs: float, note: str,
-        gemm: float = GEMM_EFFICIENCY, attn: float = 0.50, mem: float = 0.80) -> Hardware:
+        gemm: float = GEMM_EFFICIENCY, attn: float = ATTENTION_EFFICIENCY, mem: float = 0.80,
+        nics: int | None = 8) -> Hardware:
     return Hardware(
         name=name,
         memory_bytes=int(mem_gib * GiB),
@@ -42,6 +49,7 @@ def _hw(name: str, mem_gib: float, tflops: float, hbm_gbs: float, intra_gbs: flo
         gemm_half_dim=GEMM_HALF_DIM,
         attention_half_flops=ATTENTION_HALF_FLOPS,
         gemm_backward_efficiency=GEMM_BACKWARD_EFFICIENCY,
+        nics_per_node=nics,
     )
 
 
@@ -49,20 +57,23 @@ HARDWARE: dict[str, Hardware] = {
     h.name: h
     for h in [
         _hw("v100-32g-nvlink", 32, 125.0, 900.0, 130.0, 12.0,
-            "V100 SXM2 32 GB: 125 TFLOP/s fp16, 900 GB/s HBM2; NVLink2 hybrid cube mesh; 100 Gb/s IB per GPU."),
+            "V100 SXM2 32 GB: 125 TFLOP/s fp16, 900 GB/s HBM2; NVLink2 hybrid cube mesh; 100 Gb/s IB per GPU.",
+            nics=None),
         _hw("a100-40g-nvlink", 40, 312.0, 1555.0, 230.0, 24.0,
             "A100 SXM4 40 GB: 312 TFLOP/s bf16, 1555 GB/s HBM2; NVLink3/NVSwitch; 200 Gb/s HDR IB per GPU."),
         _hw("a100-80g-nvlink", 80, 312.0, 2039.0, 230.0, 24.0,
             "A100 SXM4 80 GB: 312 TFLOP/s bf16, 2039 GB/s HBM2e; NVLink3/NVSwitch; 200 Gb/s HDR IB per GPU."),
         _hw("a100-80g-pcie", 80, 312.0, 1935.0, 20.0, 12.0,
             "A100 PCIe 80 GB: 312 TFLOP/s bf16, 1935 GB/s HBM2e; PCIe 4.0 x16 through host bridges, no NVLink; "
-            "100 Gb/s Ethernet/IB per node share."),
+            "100 Gb/s Ethernet/IB per node share.", nics=None),
         _hw("h100-80g-nvlink", 80, 989.5, 3350.0, 360.0, 45.0,
             "H100 SXM5 80 GB: 989.5 TFLOP/s dense bf16 (1979 with sparsity), 3350 GB/s HBM3; NVLink4/NVSwitch; "
-            "400 Gb/s NDR IB per GPU."),
+            "400 Gb/s NDR IB per GPU.", gemm=GEMM_EFFICIENCY * HOPPER_SUSTAINED,
+            attn=ATTENTION_EFFICIENCY * HOPPER_SUSTAINED),
         _hw("h200-141g-nvlink", 141, 989.5, 4800.0, 360.0, 45.0,
             "H200 SXM 141 GB (NVIDIA H200 datasheet, nvidia.com/en-us/data-center/h200): 989 TFLOP/s dense bf16 "
-            "(1979 with sparsity), 4.8 TB/s HBM3e; NVLink4 900 GB/s/NVSwitch as H100; 400 Gb/s NDR IB per GPU."),
+            "(1979 with sparsity), 4.8 TB/s HBM3e; NVLink4 900 GB/s/NVSwitch as H100; 400 Gb/s NDR IB per GPU.",
+            gemm=GEMM_EFFICIENCY * HOPPER_SUSTAINED, attn=ATTENTION_EFFICIENCY * HOPPER_SUSTAINED),
         _hw("b200-180g-nvlink", 180, 2250.0, 8000.0, 720.0, 45.0,
             "B200 in HGX/DGX B200, 180 GB (NVIDIA HGX B200 and DGX B200 datasheets: 36 PFLOP/s fp16/bf16 per "
             "8 GPUs with sparsity, so 2.25 PFLOP/s dense per GPU; 64 TB/s HBM3e per 8 GPUs, so 8 TB/s); NVLink5 "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from .. import costs, placements, schedules, simulator
+from .. import placements, schedules, simulator
 from ..evaluate import static_bytes
 from ..schema import Profile
 from .candidates import Candidate, pareto
@@ -79,8 +79,8 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         pools=tuple(at for at in ("grad_wait", "prev_forward") if at in legal),
         prev_forward_share=placements.prev_forward_share(par.schedule, par.pp, s, par.num_microbatches,
                                                          par.virtual_stages),
-        send_s=0.0 if end == len(profile.layers) else costs.p2p_s(
-            simulator.boundary_bytes(profile, end - 1), simulator.p2p_bus(profile)),
+        send_s=0.0 if end == len(profile.layers) else simulator.send_s(
+            profile, simulator.boundary_bytes(profile, end - 1)),
     )
 
 
@@ -121,8 +121,7 @@ def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
     """Hideable work in the gradient wait of a balanced pipeline: the transfer of the gradient itself."""
     if end == len(profile.layers):
         return 0.0
-    bus = simulator.p2p_bus(profile)
-    return costs.p2p_s(simulator.boundary_bytes(profile, end - 1), bus) / profile.hardware.interference
+    return simulator.send_s(profile, simulator.boundary_bytes(profile, end - 1)) / profile.hardware.interference
 
 
 def measured_grad_waits(profile: Profile, sim: simulator.SimResult) -> list[float]:
