@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import random
 import sys
 from pathlib import Path
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from runtime_utils import HIDDEN, SEQ, Spec, Stage, StageModule, free_port, plan_from_policies, tiny_profile
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleavedZeroBubble
 from torch.distributed.pipelining import schedules as torch_schedules
 
 import lynx_planner
