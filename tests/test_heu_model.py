@@ -81,7 +81,10 @@ def test_stage_model_prices_the_pipeline_link_like_the_simulator():
     not tp x pp (here 16 ranks: across nodes)."""
     prof = small_profile(tp=2, pp=8, m=8, layers=8)
     prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"rank_order": "tp-dp-pp"})})
-    sent = costs.p2p_s(simulator.boundary_bytes(prof, 3), costs.p2p_link(prof.hardware, 2))
-    assert sent < costs.p2p_s(simulator.boundary_bytes(prof, 3), costs.link(prof.hardware, 16))
+    nbytes, hw = simulator.boundary_bytes(prof, 3), prof.hardware
+    shares = 1 if prof.parallel.sequence_parallel else 2  # Megatron's scatter-gather send of a whole activation
+    sent = costs.scatter_gather_send_s(nbytes, shares, costs.p2p_link(hw, 2), costs.link(hw, 2))
+    assert sent < costs.scatter_gather_send_s(nbytes, shares, costs.link(hw, 16), costs.link(hw, 2))
+    assert simulator.send_s(prof, nbytes) == sent
     assert stage_model(prof, 0, 0, 4, 1 << 40, 0.0).send_s == sent
     assert p2p_wait_s(prof, 0, 4) == sent / prof.hardware.interference
