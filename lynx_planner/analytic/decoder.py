@@ -16,7 +16,7 @@ from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from .attention import gqa, mla
 from .mlp import dense_mlp, moe
-from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, ew, hf_rms_norm
+from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, cross_entropy_s, ew, hf_rms_norm
 
 CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
                 "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3"}
@@ -63,11 +63,10 @@ def _lm_head(spec: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
     ops = _OpList(hw)
     src = _TP(par, hw, n, h).before_column(ops, "", costs.gemm_s(2.0 * n * h * v / t, hw))
     logits = ops.gemm(":mm#0", n, h, v // t, saves=[BLOCK_INPUT], inputs=[src])
-    lat = costs.link(hw, t)[1] * 2 if t > 1 else 0.0
-    fp32 = STAT * n * v // t
+    fwd, bwd = cross_entropy_s(n, v // t, hw, t)  # priced as GPT's (analytic/ops.py)
     # the loss runs after lm_head, in the training stack (outside the module a plan can act on)
-    ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=costs.memory_s(ACT * n * v / t + fp32, hw) + lat,
-            bwd_s=costs.memory_s(fp32 + ACT * n * v / t, hw), out_bytes=STAT * n, aux_bytes=fp32, tags=[OUTSIDE])
+    ops.add("loss:cross_entropy#0", inputs=[logits], fwd_s=fwd, bwd_s=bwd, out_bytes=STAT * n,
+            aux_bytes=STAT * n * v // t, tags=[OUTSIDE])
     return Block(name="Linear", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 
