@@ -110,6 +110,14 @@ def test_cross_entropy_makes_megatrons_passes_over_the_logits():
     par = ParallelConfig(tp=2, seq_len=2048, micro_batch_size=2)
     loss = lm_head_block(GPTConfig("x", 2, 1024, 16, vocab=v), par, A100).ops[-1]
     assert (loss.fwd_s, loss.bwd_s) == cross_entropy_s(4096, v // 2, A100, 2)
+    # the decoder families (Llama, Qwen, Mixtral, ...) price their loss, outside lm_head, the same way
+    from lynx_planner.analytic.decoder import _lm_head
+    from lynx_planner.models.catalog import MODELS, as_spec
+
+    llama = as_spec(MODELS["llama3-8b"])
+    loss = _lm_head(llama, par, A100).ops[-1]
+    assert loss.id == "loss:cross_entropy#0"
+    assert (loss.fwd_s, loss.bwd_s) == cross_entropy_s(4096, llama.vocab // 2, A100, 2)
 
 
 def test_the_hopper_die_sustains_less_of_its_datasheet_peak():
