@@ -64,7 +64,8 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
         st = plan.stages[c]
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
-        bwd += sum(sum(r.bwd[0::2]) for r in runs)
+        split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
+        bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
         kept += sum(r.kept_bytes for r in runs) * simulator.in_flight(par.schedule, par.pp, c, m, par.virtual_stages)
         # a split backward (zero bubble) also holds the graphs whose W has not run
         kept += sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) * schedules.awaiting_weight_pass(

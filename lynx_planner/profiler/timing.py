@@ -16,16 +16,18 @@ matter little): on a shared machine it says how far to trust the medians.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_map
 
 from .. import costs
 from ..schema import Hardware
 from .recorder import Cost, tensors_in
-from .tracing import BlockTrace, fresh_arguments, run_block
+from .tracing import BlockTrace, fresh_arguments, run_block, split_arguments
 
 Times = dict[str, tuple[float, float]]  # op id -> (forward, backward) seconds
 
@@ -85,6 +87,71 @@ def measure_spread(instances: list[tuple[torch.nn.Module, tuple, dict]], known: 
     middle = statistics.median(totals)
     q1, _, q3 = statistics.quantiles(totals, n=4) if len(totals) > 1 else (middle, middle, middle)
     return times, (q3 - q1) / middle if middle > 0 else 0.0, middle
+
+
+def _split_backward(outputs: list[torch.Tensor], grads: list[torch.Tensor], inputs: list[torch.Tensor],
+                    params: list[torch.nn.Parameter]) -> None:
+    """The backward as torch.distributed.pipelining splits it in a zero-bubble schedule: input gradients (B, the
+    graph retained), then the weight gradients from the intermediates B captured (W)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    _, groups = stage_backward_input(outputs, grads, inputs, iter(params))
+    stage_backward_weight(iter(params), groups)
+
+
+def _chain(instances: list[tuple[torch.nn.Module, tuple, dict]], x: torch.Tensor, context: Callable | None) -> object:
+    """The instances called in turn, each on the previous one's output in place of its own block input."""
+    out: object = x
+    for module, args, kwargs in instances:
+        first, _ = split_arguments(args, kwargs)
+        a, k = tree_map(lambda t: out if t is first else t, (args, kwargs))
+        with context() if context is not None else contextlib.nullcontext():
+            out = module(*a, **k)
+    return out
+
+
+def measure_split(instances: list[tuple[torch.nn.Module, tuple, dict]], *, chain: int = 1, runs: int = 5,
+                  warmup: int = 2, context: Callable | None = None) -> float | None:
+    """Median time of the backward split into B and W (as torch.distributed.pipelining runs a zero-bubble schedule)
+    over the median of the whole backward, of `chain` instances called in turn (a stage's worth: what W re-reads
+    grows with the span between B and W, +1-4% for one GPT block, +4-8% for three on a CPU). The two run in turn on
+    the same inputs, so that drift and load fall on both alike; CPU time of this thread on a CPU, wall time between
+    synchronisations on a GPU. None where the split does not apply: no parameters, or a block input that needs no
+    gradient (torch runs such a stage's backward whole, in W). Instances chain only where a block's output is one
+    tensor shaped as its input."""
+    module, args, kwargs = instances[0]
+    params = [p for inst in instances for p in inst[0].parameters() if p.requires_grad]
+    first, _ = split_arguments(args, kwargs)
+    if not params or first is None or not first.is_floating_point():
+        return None
+    with torch.no_grad(), context() if context is not None else contextlib.nullcontext():
+        probe = module(*args, **kwargs)
+    if not (isinstance(probe, torch.Tensor) and probe.shape == first.shape and probe.dtype == first.dtype):
+        chain = 1
+    chained = [instances[i % len(instances)] for i in range(max(1, chain))]
+    params = list({id(p): p for inst in chained for p in inst[0].parameters() if p.requires_grad}.values())
+    device = params[0].device
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    times: dict[str, list[float]] = {"whole": [], "split": []}
+    for i in range(warmup + runs):
+        for kind, into in times.items():
+            x = first.detach().requires_grad_(True)
+            outputs = [t for t in tensors_in(_chain(chained, x, context)) if t.requires_grad]
+            if not outputs:
+                return None
+            grads = [torch.ones_like(t) for t in outputs]
+            _synchronize(device)
+            t0 = clock()
+            if kind == "whole":
+                torch.autograd.backward(outputs, grads)
+            else:
+                _split_backward(outputs, grads, [x], params)
+            _synchronize(device)
+            if i >= warmup:
+                into.append(clock() - t0)
+            for p in params:
+                p.grad = None
+    return statistics.median(times["split"]) / statistics.median(times["whole"])
 
 
 def _synchronize(device: torch.device) -> None:
