@@ -90,3 +90,15 @@ def test_split_backward_chains_a_stage_of_instances():
     head.register_forward_hook(lambda m, i, o: calls.append(m))
     assert timing.measure_split([(head, (x,), {})] * 3, chain=3, runs=1, warmup=0) > 0
     assert len(calls) == 1 + 2  # the probe, then one per timed backward (whole, split)
+
+
+def test_one_cpu_thread_times_kernels_by_cpu_time():
+    """A shared machine's waits for a CPU stay out of a one-thread profile, as validate measures the run; several
+    threads or a GPU: wall time."""
+    import time
+
+    from lynx_planner.profiler.recorder import op_clock
+
+    assert op_clock(cuda=False, threads=1) is time.thread_time
+    assert op_clock(cuda=False, threads=2) is time.perf_counter
+    assert op_clock(cuda=True, threads=1) is time.perf_counter

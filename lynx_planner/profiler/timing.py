@@ -6,7 +6,8 @@ model of costs.py), attention kernels by FLOPs at the attention efficiency
 is the work of the backward kernels its autograd node ran in the traced backward (see recorder.py), costed alike.
 
 measure: real forward and backward of the block's instances (round robin over the layers of the type), after
-warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
+warm-up runs; each kernel is timed between device synchronisations by the recorder (on a CPU with one thread: by
+this thread's CPU time, recorder.op_clock), and an op's time is the median
 over runs. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
 without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
 The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the
@@ -139,13 +140,14 @@ def measure_split(instances: list[tuple[torch.nn.Module, tuple, dict]], *, chain
             outputs = [t for t in tensors_in(_chain(chained, x, context)) if t.requires_grad]
             if not outputs:
                 return None
-            grads = [torch.ones_like(t) for t in outputs]
+            # one scalar, as a last stage's loss (torch's B detaches its outputs in place, which a view refuses)
+            loss = sum(t.float().sum() for t in outputs)
             _synchronize(device)
             t0 = clock()
             if kind == "whole":
-                torch.autograd.backward(outputs, grads)
+                torch.autograd.backward([loss])
             else:
-                _split_backward(outputs, grads, [x], params)
+                _split_backward([loss], [torch.ones_like(loss)], [x], params)
             _synchronize(device)
             if i >= warmup:
                 into.append(clock() - t0)
