@@ -102,3 +102,12 @@ def test_one_cpu_thread_times_kernels_by_cpu_time():
     assert op_clock(cuda=False, threads=1) is time.thread_time
     assert op_clock(cuda=False, threads=2) is time.perf_counter
     assert op_clock(cuda=True, threads=1) is time.perf_counter
+
+
+def test_op_times_scaled_to_the_plain_block():
+    from lynx_planner.profiler.timing import scaled_to_block
+
+    times = {"a": (1.0, 2.0), "b": (3.0, 6.0)}
+    scaled = scaled_to_block(times, (2.0, 16.0))  # forward half, backward twice the ops' sums
+    assert scaled == {"a": (0.5, 4.0), "b": (1.5, 12.0)}
+    assert scaled_to_block({"a": (0.0, 2.0)}, (1.0, 0.0)) == {"a": (0.0, 2.0)}  # nothing to scale: unchanged

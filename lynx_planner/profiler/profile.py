@@ -27,9 +27,9 @@ from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
-from .recorder import is_attention_kernel, tensors_in
+from .recorder import is_attention_kernel, op_clock, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
-from .timing import analytic_times, measure_split, measure_spread
+from .timing import analytic_times, measure_block, measure_split, measure_spread, scaled_to_block
 from .tracing import CORE_ATTN, BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
@@ -208,6 +208,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                         runs=repeats, warmup=2, context=context,
                         advance=lambda t=t: bar.advance(t) if bar else None)
                     spreads[name] = (s, total * len(group))
+                    clock = op_clock(torch.device(device).type == "cuda", torch.get_num_threads())
+                    times[name] = scaled_to_block(times[name], measure_block(
+                        group[0].module, group[0].args, group[0].kwargs, runs=repeats, context=context, clock=clock))
                     if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
                         per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
                         split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],

@@ -156,28 +156,40 @@ def measure_split(instances: list[tuple[torch.nn.Module, tuple, dict]], *, chain
     return statistics.median(times["split"]) / statistics.median(times["whole"])
 
 
+def scaled_to_block(times: Times, block: tuple[float, float]) -> Times:
+    """Per-op times scaled so that forwards and backwards each sum to the block's uninstrumented time: the recorder
+    gives each op's share, the plain run the total (recording between kernels costs the backward about 3-10% on a
+    CPU: benchmarks/profile_accuracy.py)."""
+    sums = [sum(t[i] for t in times.values()) for i in (0, 1)]
+    scale = [block[i] / sums[i] if sums[i] > 0 and block[i] > 0 else 1.0 for i in (0, 1)]
+    return {op: (f * scale[0], b * scale[1]) for op, (f, b) in times.items()}
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 def measure_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, runs: int = 5,
-                  warmup: int = 2) -> tuple[float, float]:
-    """Median (forward, backward) seconds of the whole block, without any instrumentation."""
+                  warmup: int = 2, context: Callable | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Median (forward, backward) seconds of the whole block, without any instrumentation; `context()` wraps the
+    forward (autocast)."""
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     fwd, bwd = [], []
     for i in range(warmup + runs):
         a, k = fresh_arguments(args, kwargs)
         _synchronize(device)
-        t0 = time.perf_counter()
-        out = module(*a, **k)
+        t0 = clock()
+        with context() if context is not None else contextlib.nullcontext():
+            out = module(*a, **k)
         _synchronize(device)
-        t1 = time.perf_counter()
+        t1 = clock()
         grads_of = [t for t in tensors_in(out) if t.requires_grad]
         if grads_of:
             torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
         _synchronize(device)
-        t2 = time.perf_counter()
+        t2 = clock()
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
