@@ -193,6 +193,9 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
     notes = _not_expressible(plan, profile)
+    if par.tp > 1 and not par.async_tp_allreduce:
+        notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
+                     "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
     if schedules.get(par.schedule).splits_backward:
         notes.append(f"the plan is for the {par.schedule} schedule ({schedules.get(par.schedule).torch_class}); "
                      "Megatron-LM has no zero-bubble schedule: these flags run "

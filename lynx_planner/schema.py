@@ -111,6 +111,10 @@ class ParallelConfig(_Model):
                                        "next iteration's forward (Megatron --overlap-param-gather)")
     tp_comm_overlap: bool = Field(False, exclude_if=lambda v: v is False,
                                   description="TP collectives overlapped with their GEMMs (--tp-comm-overlap)")
+    async_tp_allreduce: bool = Field(True, exclude_if=lambda v: v is True,
+                                     description="the input gradient's TP collective before a column-parallel GEMM "
+                                     "runs beside its weight-gradient GEMM (Megatron's async tensor-model-parallel "
+                                     "all-reduce: from 2021-09 on, always since); False: Megatron before it (sc21)")
     rank_order: Literal["tp-dp-pp"] | None = Field(
         None, exclude_if=lambda v: v is None,
         description="'tp-dp-pp': Megatron's order (neighbouring stages tp x dp ranks apart, p2p over the p2p link); "

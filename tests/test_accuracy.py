@@ -208,6 +208,32 @@ def test_tp_comm_overlap_hides_collectives_behind_their_gemm():
     assert block_segments_tp_overlap(block) == ((0.0, 1.0, 2.0, 0.0), (0.0, 0.0, 4.0, 0.0))
 
 
+def test_without_the_async_all_reduce_the_input_gradients_collective_is_exposed():
+    """Megatron before 2021-09 (the sc21 runs) all-reduced a column-parallel GEMM's input gradient after its whole
+    backward; the async all-reduce runs it beside the weight-gradient GEMM. Analytic and traced profiles alike."""
+    from lynx_planner.analytic import gpt_profile
+    from lynx_planner.models.catalog import GPTConfig
+
+    cfg = GPTConfig("g", 2, 1024, 16, vocab=8192)
+    par = ParallelConfig(tp=2, seq_len=1024)
+    on, off = (gpt_profile(cfg, par.model_copy(update={"async_tp_allreduce": a}), A100).blocks["gpt_layer"]
+               for a in (True, False))
+    grad = [op for op in off.ops if op.id.endswith("tp_grad_all_reduce#0")]
+    assert len(grad) == 2 and all(op.bwd_s > 0 and op.bwd_overlap_s == 0 for op in grad)
+    assert all(op.bwd_overlap_s > 0 for op in on.ops if op.id.endswith("tp_grad_all_reduce#0"))
+    idle_on, idle_off = (sum(block_segments(b)[1][1::2]) for b in (on, off))
+    assert idle_off == pytest.approx(idle_on + sum(min(op.bwd_s, o.bwd_overlap_s) for op, o in
+                                                   zip(grad, [o for o in on.ops if o.id in {g.id for g in grad}])))
+    assert "async_tp_allreduce" not in ParallelConfig().model_dump_json()  # the default keeps stored bytes
+    from lynx_planner.profiler import tp as tp_shard
+
+    ops: list[Op] = []
+    gemm = Op(id="a:mm#0", fwd_s=2.0, bwd_s=4.0, out_bytes=10)
+    for a in (True, False):
+        tp_shard._before_column(ops, gemm, "input", 100, 2, False, (1e9, 0.0), a)
+    assert [op.bwd_overlap_s for op in ops] == [2.0, 0.0]
+
+
 def _two_stage(par: ParallelConfig, hw: Hardware) -> Profile:
     ops = [Op(id="a:mm#0", fwd_s=1.0, bwd_s=2.0, out_bytes=10, inputs=["input"], saves=["input"])]
     return Profile(model=ModelInfo(name="s", source="test", params=0), parallel=par, hardware=hw,
@@ -280,6 +306,9 @@ def test_megatron_export_names_the_overlaps():
     flags = export.megatron(plan, prof).flags
     assert "--overlap-param-gather" in flags and "--tp-comm-overlap" in flags
     assert "--overlap-grad-reduce" not in flags and "--use-distributed-optimizer" in flags
+    assert not any("async_tp_allreduce" in n for n in export.megatron(plan, prof).not_expressible)
+    old = prof.model_copy(update={"parallel": par.model_copy(update={"async_tp_allreduce": False})})
+    assert any("async_tp_allreduce" in n for n in export.megatron(plan, old).not_expressible)
 
 
 # ---------------------------------------------------------------------------------------------- memory reserve

@@ -69,14 +69,16 @@ class _TP:
     """Megatron's conjugate collectives around column- and row-parallel GEMMs."""
 
     def __init__(self, par: ParallelConfig, hw: Hardware, tokens: int, hidden: int):
-        self.t, self.sp = par.tp, par.sequence_parallel
+        self.t, self.sp, self.async_grad = par.tp, par.sequence_parallel, par.async_tp_allreduce
         self.bus = costs.link(hw, par.tp)
         self.full = ACT * tokens * hidden  # bytes of an unsplit [s, b, h] activation
 
     def before_column(self, ops: _OpList, module: str, wgrad_s: float) -> str:
-        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce."""
+        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce; that backward
+        collective runs beside the GEMM's weight gradient (`wgrad_s`) only with the async all-reduce."""
         if self.t == 1:
             return ops.last
+        wgrad_s = wgrad_s if self.async_grad else 0.0
         if self.sp:
             c = costs.all_gather_s(self.full, self.t, self.bus)
             return ops.collective(f"{module}:tp_all_gather#0", c, c, self.full, bwd_overlap_s=wgrad_s)
