@@ -203,7 +203,7 @@ def korthikanti_5() -> list[Row]:
         mark = f" (v{inter})" if inter > 1 else ""
         for algo, sp, paper in (("full", False, full_s), ("selective", True, sel_s)):
             par = _par(tp=8, pp=pp, micro_batch_size=mb, num_microbatches=batch // mb, sequence_parallel=sp,
-                       **schedule(inter))
+                       overlap_p2p_comm=False, **schedule(inter))
             t, _ = iteration(gpt_profile(cfg, par, hw, "math", 0.1), algo)
             what = "full recompute" if algo == "full" else "selective + SP"
             rows.append(Row("korthikanti-5", f"{name} {what}{mark}", paper, t, "s"))
@@ -217,7 +217,9 @@ def narayanan_1() -> list[Row]:
     for name, heads, h, layers, tp, pp, gpus, batch, paper, mb, v, ddp in N1:
         dp = gpus // (tp * pp)
         par = _par(tp=tp, pp=pp, dp=dp, micro_batch_size=mb, num_microbatches=batch // (dp * mb),
-                   overlap_grad_reduce=ddp == "torch", async_tp_allreduce=False, **schedule(v))
+                   overlap_grad_reduce=ddp == "torch", async_tp_allreduce=False, overlap_p2p_comm=False,
+                   grad_reduce_in_fp32=False, gradient_accumulation_fusion=False,
+                   **schedule(v))
         t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, hw, "math", 0.1), "full")
         lynx = model_flops(batch, 2048, layers, h, 51200, True) / t / gpus / 1e12
         label = f"{name} tp{tp} pp{pp} dp{dp} mb{mb}" + (f" v{v}" if v > 1 else "")
@@ -286,7 +288,7 @@ def same_run_in_both(narayanan_rows: list[Row]) -> str:
     with its source's settings."""
     name, layers, h, heads, pp, batch, _, full_s, _ = K5[-1]
     flops = model_flops(batch, 2048, layers, h, 51200, True) / (8 * pp) / 1e12
-    par = _par(tp=8, pp=pp, num_microbatches=batch)
+    par = _par(tp=8, pp=pp, num_microbatches=batch, overlap_p2p_comm=False)  # as korthikanti_5's
     t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, HARDWARE["a100-80g-nvlink"], "math", 0.1),
                      "full")
     n1, lynx_n1 = N1[-1][8], narayanan_rows[-1].lynx
