@@ -122,6 +122,10 @@ class ParallelConfig(_Model):
     gradient_accumulation_fusion: bool = Field(True, exclude_if=lambda v: v is True,
                                                description="weight-gradient GEMMs add into the main_grad (Megatron's "
                                                "default since 2022-02); False: a separate add pass per micro-batch")
+    contiguous_grad_buffers: bool = Field(True, exclude_if=lambda v: v is True,
+                                          description="DP gradients live in flat buffers the reduction works on "
+                                          "(Megatron's local DDP default since 2021-08); False: copied to buckets and "
+                                          "back (its local DDP before, PyTorch DDP without gradient_as_bucket_view)")
     overlap_p2p_comm: bool = Field(True, exclude_if=lambda v: v is True,
                                    description="pipeline sends run beside compute (Megatron's "
                                    "--overlap-p2p-communication, its default with the interleaved schedule since "

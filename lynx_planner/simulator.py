@@ -563,6 +563,10 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
 
 
 GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_grad buffers)
+# Without contiguous gradient buffers (Megatron's local DDP before they became the rule; PyTorch DDP without
+# gradient_as_bucket_view) every gradient is copied into a flat buffer, divided by dp in place and copied back: three
+# passes that each read and write it, on the compute stream.
+DDP_COPY_PASSES = 3
 
 
 def grad_bytes(profile: Profile) -> int:
@@ -621,6 +625,10 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             event(s, f"DP grad L{run.index}", start, dt)
             t = start + dt
         t = max(t, r.end_s)
+        if par.dp > 1 and not par.contiguous_grad_buffers:  # gradients copied to flat buckets, divided, copied back
+            copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
+            event(s, "DP bucket copies", t, copies)
+            t += copies
         if par.optimizer_step:
             ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
             step = optimizer_step_s(profile, sum(params), tied if ends else 0, p)
