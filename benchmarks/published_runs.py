@@ -218,7 +218,7 @@ def narayanan_1() -> list[Row]:
         dp = gpus // (tp * pp)
         par = _par(tp=tp, pp=pp, dp=dp, micro_batch_size=mb, num_microbatches=batch // (dp * mb),
                    overlap_grad_reduce=ddp == "torch", async_tp_allreduce=False, overlap_p2p_comm=False,
-                   grad_reduce_in_fp32=False, gradient_accumulation_fusion=False,
+                   grad_reduce_in_fp32=False, gradient_accumulation_fusion=False, contiguous_grad_buffers=False,
                    **schedule(v))
         t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, hw, "math", 0.1), "full")
         lynx = model_flops(batch, 2048, layers, h, 51200, True) / t / gpus / 1e12

@@ -200,6 +200,9 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
                      "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
+    if par.dp > 1 and not par.contiguous_grad_buffers:
+        notes.append("the profile copies gradients to DDP buckets and back (contiguous_grad_buffers false, Megatron "
+                     "before 2021-08); Megatron-LM's DDP now always reduces them in place")
     if par.dp > 1 and not par.grad_reduce_in_fp32:
         notes.append("the profile reduces 16-bit gradients (grad_reduce_in_fp32 false): Megatron does so only under "
                      "--fp16 without --accumulate-allreduce-grads-in-fp32; these flags train in bf16 (fp32 grads)")

@@ -329,6 +329,17 @@ def test_sixteen_bit_gradients_halve_the_reduction_and_add_the_fp16_step_passes(
     assert iteration(step[1]) == pytest.approx(iteration(step[0]) + extra)
 
 
+def test_without_contiguous_buffers_the_gradients_are_copied_to_buckets_and_back():
+    prof = synthetic(2)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_grad_reduce": False})})
+    off = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"contiguous_grad_buffers": False})})
+    copies = 3 * 2 * 4 * 2 * P / (A100.hbm_bytes_per_s * A100.memory_efficiency)  # copy in, divide, copy out
+    assert iteration(off) == pytest.approx(iteration(prof) + copies)
+    one = [p.model_copy(update={"parallel": p.parallel.model_copy(update={"dp": 1, "optimizer_step": True})})
+           for p in (prof, off)]
+    assert iteration(one[1]) == iteration(one[0])  # nothing to reduce: no buckets
+
+
 def test_without_gradient_accumulation_fusion_each_weight_gemm_adds_its_gradient():
     from lynx_planner.analytic import gpt_profile
     from lynx_planner.analytic.ops import grad_accum_bytes
@@ -341,6 +352,11 @@ def test_without_gradient_accumulation_fusion_each_weight_gemm_adds_its_gradient
     assert grad_accum_bytes(off) == pytest.approx((2 + 2 * 4) * 3 / 4)  # read 2, read and write fp32; not mb 0
     assert grad_accum_bytes(off.model_copy(update={"grad_reduce_in_fp32": False})) == pytest.approx(6 * 3 / 4)
     assert grad_accum_bytes(off.model_copy(update={"num_microbatches": 1})) == 0.0
+    from lynx_planner.analytic.decoder import decoder_profile
+    from lynx_planner.models.catalog import MODELS
+
+    with pytest.raises(ValueError, match="gpt family only"):  # the decoder families' cached blocks ignore it
+        decoder_profile(MODELS["llama3-8b"], off, A100)
     on_b, off_b = (gpt_profile(cfg, p, A100, "math").blocks["gpt_layer"] for p in (par, off))
     for a, b in zip(on_b.ops, off_b.ops):
         if a.id == "mlp.fc1:addmm#0":  # weight [1024, 4096]
@@ -406,6 +422,9 @@ def test_megatron_export_names_the_overlaps():
     assert "--no-gradient-accumulation-fusion" in out.flags
     assert "--no-overlap-p2p-communication" not in out.flags  # 1F1B: Megatron's sends block anyway
     assert any("grad_reduce_in_fp32" in n for n in out.not_expressible)
+    assert not any("contiguous" in n for n in out.not_expressible)
+    lists = prof.model_copy(update={"parallel": par.model_copy(update={"contiguous_grad_buffers": False})})
+    assert any("contiguous_grad_buffers" in n for n in export.megatron(plan, lists).not_expressible)
     inter = small_profile(tp=2, pp=2, m=4)
     inter = inter.model_copy(update={"parallel": inter.parallel.model_copy(update={
         "schedule": "interleaved-1f1b", "virtual_stages": 2, "overlap_p2p_comm": False})})
