@@ -129,7 +129,9 @@ K4 = [  # (setup, recompute, sequence parallel, forward ms, backward ms)
 ]
 
 # Table 5 with the configurations of Table 3: (name, layers, hidden, heads, pp, global batch, interleave,
-# full-recompute s, selective + SP s). tp 8, micro-batch 1 (22B: 4), s 2048, vocabulary 51200, no DP.
+# full-recompute s, selective + SP s). tp 8, micro-batch 1 (22B: 4), s 2048, vocabulary 51200, no DP. Megatron of
+# 2022 (the paper's code, merged 2022-05): async TP all-reduce and gradient-accumulation fusion on (their defaults
+# since 2021-09 and 2022-02), pipeline sends blocking (overlap_p2p_comm=False: the p2p overlap arrived 2023-05).
 K5 = [
     ("22B", 48, 6144, 64, 1, 4, 1, 1.42, 1.10),
     ("175B", 96, 12288, 96, 8, 64, 3, 18.13, 13.75),
@@ -141,10 +143,23 @@ K5 = [
 # settings of the authors' own script for this table (Megatron-LM examples/sc21/run_table_1.sh, commit 6985e58 of
 # 2021-08, now examples/academic_paper_scripts/sc21/): micro-batch size, virtual stages per rank (its
 # --num-layers-per-virtual-pipeline-stage: layers / (pp x that)) and the DDP implementation ("torch": PyTorch DDP,
-# gradient all-reduce overlapped with the backward; "local": Megatron's, all-reduced after the backward). The code at
-# that commit also sets for every row: the TP all-reduce of a column-parallel GEMM's input gradient runs after the
-# GEMM's backward (megatron/mpu/mappings.py _CopyToModelParallelRegion; the async all-reduce beside the weight
-# gradient landed 2021-09-07, b462d25): async_tp_allreduce=False.
+# gradient all-reduce overlapped with the backward; "local": Megatron's, all-reduced after the backward). The script
+# trains with --fp16 --loss-scale 8192 and no --accumulate-allreduce-grads-in-fp32 / --use-contiguous-buffers-in-ddp,
+# and the code at that commit (SC21: the paper's runs are older still) gives every row these settings (N1_SETTINGS):
+#   async_tp_allreduce=False    a column-parallel GEMM's input gradient is all-reduced after its whole backward
+#                               (megatron/mpu/mappings.py _CopyToModelParallelRegion; the async all-reduce beside the
+#                               weight gradient landed 2021-09-07, merge b462d25);
+#   overlap_p2p_comm=False      p2p_communication._communicate: batch_isend_irecv, req.wait(), torch.cuda.synchronize()
+#                               (blocking; interleaved steady state: send_forward_backward_recv_forward_backward after
+#                               each forward-backward pair; --overlap-p2p-communication arrived 2023-05);
+#   grad_reduce_in_fp32=False   fp16 .grad all-reduced as is (model/distributed.py, torch DDP alike), then copied to
+#                               fp32 main grads and unscaled (optimizer.py Float16OptimizerWithFloat16Params);
+#   gradient_accumulation_fusion=False  autograd adds each micro-batch's weight gradient into .grad (the fusion
+#                               arrived 2022-02, 83b1e42);
+#   contiguous_grad_buffers=False  local DDP flattens the grads, divides and unflattens them (contiguous buffers became
+#                               its default 2021-08-18, e8fb052, after this commit); PyTorch DDP copies to buckets.
+N1_SETTINGS = dict(async_tp_allreduce=False, overlap_p2p_comm=False, grad_reduce_in_fp32=False,
+                   gradient_accumulation_fusion=False, contiguous_grad_buffers=False)
 N1 = [  # + (micro-batch, virtual stages, DDP)
     ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, "torch"),
     ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, "torch"),
@@ -217,9 +232,7 @@ def narayanan_1() -> list[Row]:
     for name, heads, h, layers, tp, pp, gpus, batch, paper, mb, v, ddp in N1:
         dp = gpus // (tp * pp)
         par = _par(tp=tp, pp=pp, dp=dp, micro_batch_size=mb, num_microbatches=batch // (dp * mb),
-                   overlap_grad_reduce=ddp == "torch", async_tp_allreduce=False, overlap_p2p_comm=False,
-                   grad_reduce_in_fp32=False, gradient_accumulation_fusion=False, contiguous_grad_buffers=False,
-                   **schedule(v))
+                   overlap_grad_reduce=ddp == "torch", **N1_SETTINGS, **schedule(v))
         t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, hw, "math", 0.1), "full")
         lynx = model_flops(batch, 2048, layers, h, 51200, True) / t / gpus / 1e12
         label = f"{name} tp{tp} pp{pp} dp{dp} mb{mb}" + (f" v{v}" if v > 1 else "")
@@ -299,10 +312,12 @@ def same_run_in_both(narayanan_rows: list[Row]) -> str:
 
 HEADERS = {
     "korthikanti-4": "A100 80 GB, 22B, tp 8, micro-batch 4, s 2048, math attention, dropout 0.1 (fitted on)",
-    "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1 (fitted on)",
+    "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1, blocking p2p "
+                     "(fitted on)",
     "narayanan-1": "A100 80 GB, full recompute, math attention, dropout 0.1, the authors' micro-batch, virtual "
                    "stages and DDP (torch: grad all-reduce overlapped; local: after the backward), Megatron of "
-                   "2021-08 (TP input-gradient all-reduce not async) (checked on)",
+                   "2021-08 (no async TP all-reduce, blocking p2p, fp16 grads, no accumulation fusion, bucket "
+                   "copies) (checked on)",
     "megatron-h100": "H100, flash attention, distributed optimizer, all overlaps; micro-batch, schedule and "
                      "recomputation as tune picks them (in brackets) (pp 1: HOPPER_SUSTAINED fitted on; pp > 1: "
                      "checked on)",
