@@ -478,7 +478,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     posted = [0.0] * p
     hold = [0.0 if x == 0.0 else sender_s(profile, boundary_bytes(profile, runs[-1].index)) if blocking else 0.0
             for x, runs in zip(send, stage_layers)]
-    pairs = [schedules.get(par.schedule).batches_sends and blocking and p > 1 for _ in range(p)]
+    paired = blocking and schedules.get(par.schedule).batches_sends
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
@@ -506,7 +506,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     ready = (max(fwd_end[c - 1][k], posted[s]) if blocking else fwd_end[c - 1][k]) + send[c - 1]
                 else:
                     break
-                pair = pairs[s] and c < last and i + 1 < len(order) and order[i + 1][0] == "B"
+                pair = paired and c < last and i + 1 < len(order) and order[i + 1][0] == "B"
                 if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
                     _, cb, kb = order[i + 1]
                     if cb < last and bwd_end[cb + 1][kb] < 0:
@@ -567,12 +567,6 @@ GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_g
 # gradient_as_bucket_view) every gradient is copied into a flat buffer, divided by dp in place and copied back: three
 # passes that each read and write it, on the compute stream.
 DDP_COPY_PASSES = 3
-
-
-def grad_bytes(profile: Profile) -> int:
-    """Bytes per gradient element the DP reduction moves: fp32 main grads, or the 16-bit grads of an fp16 run
-    without --accumulate-allreduce-grads-in-fp32 (grad_reduce_in_fp32 false)."""
-    return GRAD_BYTES if profile.parallel.grad_reduce_in_fp32 else 2
 PARAM_BYTES = 2  # the distributed optimizer all-gathers the updated bf16 weights
 # Bytes the optimizer step moves per parameter it updates (multi-tensor kernels, memory-bound): the gradient norm
 # reads the fp32 gradient (4), clipping scales it in place (8), Adam reads the gradient (4), reads and writes the
@@ -581,6 +575,12 @@ OPTIMIZER_BYTES_PER_PARAM = 42
 # With 16-bit gradients (an fp16 run, grad_reduce_in_fp32 false) the step first copies them to fp32 main grads (read
 # 2, write 4) and the loss scaler unscales those, checking for inf (read 4, write 4): Megatron's Float16Optimizer.
 FP16_GRAD_STEP_BYTES_PER_PARAM = 14
+
+
+def grad_bytes(profile: Profile) -> int:
+    """Bytes per gradient element the DP reduction moves: fp32 main grads, or the 16-bit grads of an fp16 run
+    without --accumulate-allreduce-grads-in-fp32 (grad_reduce_in_fp32 false)."""
+    return GRAD_BYTES if profile.parallel.grad_reduce_in_fp32 else 2
 
 
 def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], results: list[StageResult],
@@ -650,7 +650,8 @@ def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages
     par, hw = profile.parallel, profile.hardware
     t = 0.0
     if tied_params:
-        t += costs.all_reduce_s(grad_bytes(profile) * tied_params, 2, costs.link(hw, par.tp * par.dp * (stages - 1) + 1))
+        link = costs.link(hw, par.tp * par.dp * (stages - 1) + 1)
+        t += costs.all_reduce_s(grad_bytes(profile) * tied_params, 2, link)
     ranks = par.tp * par.dp * stages
     t += costs.all_reduce_s(4, ranks, costs.link(hw, ranks))
     per_param = OPTIMIZER_BYTES_PER_PARAM + (0 if par.grad_reduce_in_fp32 else FP16_GRAD_STEP_BYTES_PER_PARAM)
