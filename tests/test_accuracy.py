@@ -14,7 +14,7 @@ from lynx_planner import evaluate as ev
 from lynx_planner.calibrate import fit_shape_model
 from lynx_planner.models.hardware import HARDWARE, default_memory_limit, memory_reserve
 from lynx_planner.schema import Block, Hardware, Layer, ModelInfo, Op, ParallelConfig, Profile
-from lynx_planner.simulator import OPTIMIZER_BYTES_PER_PARAM, block_segments, block_segments_tp_overlap
+from lynx_planner.simulator import OPTIMIZER_BYTES_PER_PARAM, block_segments, block_segments_tp_overlap, simulate
 
 from test_dp import P, iteration, synthetic
 
@@ -280,8 +280,9 @@ def test_blocking_p2p_sends_wait_for_both_ends_and_hold_the_sender():
     H, G = 4e9 / 50e9, 4e9 / 100e9
     assert iteration(mega) == pytest.approx(9 + 2 * (H + G))
     assert iteration(_blocking(mega)) == pytest.approx(9 + 3 * (H + G))
-    from lynx_planner.simulator import simulate
-
+    runs = ev.runs_of(mega, ev.stage_plans(mega, [0, 1, 2], [ev.none_policy(mega, i) for i in range(2)]))
+    starts = {e["name"]: e["ts"] for e in simulate(_blocking(mega), runs, trace=True).trace if e["pid"] == 0}
+    assert starts["F mb1 L0"] == pytest.approx((1 + H) * 1e6)  # the sender waits out its half, not the gather
     runs = ev.runs_of(prof, ev.stage_plans(prof, [0, 1, 2], [ev.none_policy(prof, i) for i in range(2)]))
     starts = {e["name"]: e["ts"] for e in simulate(_blocking(prof), runs, trace=True).trace if e["pid"] == 0}
     assert starts["F mb1 L0"] == pytest.approx((1 + S) * 1e6)  # rank 0 sends F0's output before it starts F1
@@ -299,8 +300,6 @@ def test_blocking_interleaved_sends_a_forward_with_the_backward_after_it():
     par = ParallelConfig(pp=2, num_microbatches=4, schedule="interleaved-1f1b", virtual_stages=2)
     prof = _blocking(_two_stage(par, hw, layers=4))  # one layer per chunk
     runs = ev.runs_of(prof, ev.stage_plans(prof, [0, 1, 2, 3, 4], [ev.none_policy(prof, i) for i in range(4)]))
-    from lynx_planner.simulator import simulate
-
     trace = simulate(prof, runs, trace=True).trace
     start = {(e["pid"], e["name"]): e["ts"] for e in trace if e["tid"] == "compute"}
     end = {(e["pid"], e["name"]): e["ts"] + e["dur"] for e in trace if e["tid"] == "compute"}
