@@ -225,6 +225,9 @@ def test_without_the_async_all_reduce_the_input_gradients_collective_is_exposed(
     assert idle_off == pytest.approx(idle_on + sum(min(op.bwd_s, o.bwd_overlap_s) for op, o in
                                                    zip(grad, [o for o in on.ops if o.id in {g.id for g in grad}])))
     assert "async_tp_allreduce" not in ParallelConfig().model_dump_json()  # the default keeps stored bytes
+    old = ParallelConfig(async_tp_allreduce=False, overlap_p2p_comm=False, grad_reduce_in_fp32=False,
+                         gradient_accumulation_fusion=False, contiguous_grad_buffers=False)
+    assert ParallelConfig.model_validate_json(old.model_dump_json()) == old  # written and read back
     from lynx_planner.profiler import tp as tp_shard
 
     ops: list[Op] = []
