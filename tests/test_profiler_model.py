@@ -111,3 +111,12 @@ def test_op_times_scaled_to_the_plain_block():
     scaled = scaled_to_block(times, (2.0, 16.0))  # forward half, backward twice the ops' sums
     assert scaled == {"a": (0.5, 4.0), "b": (1.5, 12.0)}
     assert scaled_to_block({"a": (0.0, 2.0)}, (1.0, 0.0)) == {"a": (0.0, 2.0)}  # nothing to scale: unchanged
+
+
+def test_measured_profile_sums_to_the_plain_block(monkeypatch):
+    import lynx_planner.profiler.profile as profile_module
+
+    monkeypatch.setattr(profile_module, "measure_block", lambda *a, **k: (1.0, 2.0))
+    gpt = profile(method="measure").blocks["GPTBlock"]
+    assert sum(op.fwd_s for op in gpt.ops) == pytest.approx(1.0)
+    assert sum(op.bwd_s for op in gpt.ops) == pytest.approx(2.0)
