@@ -214,7 +214,8 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                     if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
                         per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
                         split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],
-                                                    chain=min(len(group), per_stage), runs=repeats, context=context)
+                                                    chain=min(len(group), per_stage), runs=2 * repeats,
+                                                    context=context)  # a ratio of a few %: more runs
                 used_threads = torch.get_num_threads()
             weight = sum(w for _, w in spreads.values())
             spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
