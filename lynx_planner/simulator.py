@@ -25,6 +25,7 @@ import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
+from operator import itemgetter
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
@@ -227,6 +228,35 @@ class _Chunk:
         self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
                               r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes))
                              for l, r in reversed(list(enumerate(runs)))]
+        # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
+        # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
+        self.local = not self.straight and not self.by_at["prev_forward"]
+        self.first_released = [(l, runs[l]) for l in
+                               sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
+        self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
+                           r.bwd_input if split else r.bwd, sums[l], freed)
+                          for (l, r, below_la, uniform, recomputes), (*_, freed) in zip(self.bwd_plan, self.bwd_straight)]
+
+
+def _serve(queue: list[list], mem: list[tuple[float, int]], t: float, until: float, gamma: float, hidden: float
+           ) -> tuple[float, float]:
+    """_Stage.idle on a local queue of [seconds left, bytes, started, layer] tasks: the side stream works from t until
+    `until`; returns (the compute stream's time, hidden seconds)."""
+    cur = t
+    cap = (until - cur) / gamma
+    while cap > EPS and queue:
+        task = queue[0]
+        if not task[2]:
+            task[2] = True
+            mem.append((cur, task[1]))
+        work = task[0] if task[0] < cap else cap
+        task[0] -= work
+        cap -= work
+        hidden += work
+        cur += work * gamma
+        if task[0] <= EPS:
+            queue.pop(0)
+    return (until if until > t else t), hidden
 
 
 class _Stage:
@@ -340,9 +370,13 @@ class _Stage:
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
-        if ch.straight and self.trace is None and not self.queue:
-            self._backward_straight(ch, ready)
-            return
+        if self.trace is None and not self.queue:
+            if ch.straight:
+                self._backward_straight(ch, ready)
+                return
+            if ch.local:
+                self._backward_local(ch, ready)
+                return
         n = len(ch.runs)
         action = ("B", k)
         for l in ch.by_at["grad_wait"]:
@@ -396,6 +430,60 @@ class _Stage:
             mem.append((t, freed))
         self.t, self.busy, self.exposed = t, busy, exposed
 
+    def _backward_local(self, ch: _Chunk, ready: float) -> None:
+        """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
+        on demand, with nothing queued before it: backward()'s additions in its order, its tasks ([seconds left,
+        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
+        gamma, mem = self.gamma, self.mem
+        t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
+        queue = [[r.rec_s, r.rec_bytes, False, l] for l, r in ch.first_released]
+        pending = {task[3]: task for task in queue}
+        wait = ready - t if ready - t > 0.0 else 0.0
+        self.grad_waits.append(wait)
+        ch.grad_waits.append(wait)
+        t, hidden = _serve(queue, mem, t, ready, gamma, hidden) if queue else (ready if ready > t else t, hidden)
+        for l, below, uniform, recomputes, r, segs, sums, freed in ch.bwd_local:
+            if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
+                task = [below.rec_s, below.rec_bytes, False, l - 1]
+                pending[l - 1] = task
+                i = 0
+                while i < len(queue) and queue[i][3] > l - 1:
+                    i += 1
+                queue.insert(i, task)
+            for u in uniform:  # as _expose: never started
+                mem.append((t, u.rec_bytes))
+                if u.rec_s > 0:
+                    t += u.rec_s
+                    busy += u.rec_s
+                    exposed += u.rec_s
+            if recomputes:
+                task = pending.pop(l, None)
+                if task is None:  # on demand
+                    work, nbytes, started = r.rec_s, r.rec_bytes, False
+                else:
+                    if queue and queue[0] is task:  # not done yet: the highest layer queued
+                        queue.pop(0)
+                    work, nbytes, started = task[0], task[1], task[2]
+                if not started:
+                    mem.append((t, nbytes))
+                if work > 0:
+                    t += work
+                    busy += work
+                    exposed += work
+            if not queue:  # as _segments with nothing queued
+                busy += sums[0]
+                t += sums[0] + sums[1]
+            else:
+                for i, dt in enumerate(segs):
+                    if i % 2 == 0:
+                        t += dt
+                        busy += dt
+                    elif dt > 0:
+                        t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden) if queue else (t + dt if t + dt > t
+                                                                                                else t, hidden)
+            mem.append((t, freed))
+        self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
+
     def weight(self, c: int, k: int) -> None:
         """W(c, k): every layer's weight gradients, top down; then its graph is freed."""
         for r in reversed(self.chunks[c].runs):
@@ -405,8 +493,8 @@ class _Stage:
             self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes)))
 
     def activation_peak(self) -> int:
-        # frees before allocations at equal times
-        return max(0, max(accumulate(delta for _, delta in sorted(self.mem)), default=0))
+        # frees before allocations at equal times (the deltas read in C: the list is long and mostly in order)
+        return max(0, max(accumulate(map(itemgetter(1), sorted(self.mem))), default=0))
 
 
 def boundary_bytes(profile: Profile, layer: int) -> int:
