@@ -274,6 +274,8 @@ class _Stage:
         self.mem: list[tuple[float, int]] = []
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
+        # no forward ever queues work here: no trace to draw, no prev_forward recomputation on this rank
+        self.plain_forward = trace is None and not any(ch.by_at["prev_forward"] for ch in self.chunks.values())
 
     def _event(self, stream: str, name: str, start: float, dur: float) -> None:
         if self.trace is not None and dur > 0:
@@ -370,13 +372,9 @@ class _Stage:
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
-        if self.trace is None and not self.queue:
-            if ch.straight:
-                self._backward_straight(ch, ready)
-                return
-            if ch.local:
-                self._backward_local(ch, ready)
-                return
+        if self.trace is None and not self.queue and ch.local:  # (the straight form runs in simulate's loop)
+            self._backward_local(ch, ready)
+            return
         n = len(ch.runs)
         action = ("B", k)
         for l in ch.by_at["grad_wait"]:
@@ -409,26 +407,6 @@ class _Stage:
                 self.mem.append((self.t, r.wgrad_bytes))
             else:
                 self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
-
-    def _backward_straight(self, ch: _Chunk, ready: float) -> None:
-        """B of a chunk whose recomputation all runs on demand, with nothing queued: backward()'s additions in its
-        order, without its bookkeeping."""
-        t = self.t
-        wait = ready - t if ready - t > 0.0 else 0.0
-        self.grad_waits.append(wait)
-        ch.grad_waits.append(wait)
-        t, busy, exposed, mem = ready if ready > t else t, self.busy, self.exposed, self.mem
-        for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
-            if rec_bytes is not None:  # exposed recomputation, as _expose
-                mem.append((t, rec_bytes))
-                if rec_s > 0:
-                    t += rec_s
-                    busy += rec_s
-                    exposed += rec_s
-            busy += dt_busy
-            t += dt
-            mem.append((t, freed))
-        self.t, self.busy, self.exposed = t, busy, exposed
 
     def _backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
@@ -568,36 +546,75 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         s = heapq.heappop(now)
         queued[s] = False
         st, (order, _, fired) = stages[s], tables[s]
+        chunks, plain_f, plain_b, waits = st.chunks, st.plain_forward, st.trace is None, st.grad_waits
+        # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
+        # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
+        # items go through the rank's methods, the copies synchronised around them.
+        t, busy, exposed, note = st.t, st.busy, st.exposed, st.mem.append
         i = ptr[s]
-        while i < len(order):
+        n_order = len(order)
+        while i < n_order:
             kind, c, k = order[i]
             if kind == "F":
                 if c == 0:
                     ready = 0.0
-                elif fwd_end[c - 1][k] >= 0:
-                    ready = fwd_end[c - 1][k] + send[c - 1]
                 else:
-                    break
-                st.forward(c, k, ready, fired[i])
-                fwd_end[c][k] = st.t
+                    ready = fwd_end[c - 1][k]
+                    if ready < 0:
+                        break
+                    ready += send[c - 1]
+                if plain_f and not st.queue:  # as _Stage.forward with nothing to queue
+                    t = ready if ready > t else t
+                    for dt_busy, dt, kept in chunks[c].fwd_straight:
+                        busy += dt_busy
+                        t += dt
+                        note((t, kept))
+                else:
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    st.forward(c, k, ready, fired[i])
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                fwd_end[c][k] = t
                 if c < last and not queued[r := up[c]] and r != s:  # wake the next chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
             elif kind == "B":
                 if c == last:
                     ready = fwd_end[c][k]
-                elif bwd_end[c + 1][k] >= 0:
-                    ready = bwd_end[c + 1][k] + send[c]
                 else:
-                    break
-                st.backward(c, k, ready)
-                bwd_end[c][k] = st.t
+                    ready = bwd_end[c + 1][k]
+                    if ready < 0:
+                        break
+                    ready += send[c]
+                ch = chunks[c]
+                if ch.straight and plain_b and not st.queue:  # recomputation all on demand: backward()'s additions
+                    wait = ready - t if ready - t > 0.0 else 0.0
+                    waits.append(wait)
+                    ch.grad_waits.append(wait)
+                    t = ready if ready > t else t
+                    for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
+                        if rec_bytes is not None:  # exposed recomputation, as _expose
+                            note((t, rec_bytes))
+                            if rec_s > 0:
+                                t += rec_s
+                                busy += rec_s
+                                exposed += rec_s
+                        busy += dt_busy
+                        t += dt
+                        note((t, freed))
+                else:
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    st.backward(c, k, ready)
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                bwd_end[c][k] = t
                 if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
-            else:
-                st.weight(c, k)  # W follows its own B on the same rank
+            else:  # W follows its own B on the same rank
+                st.t, st.busy, st.exposed = t, busy, exposed
+                st.weight(c, k)
+                t, busy, exposed = st.t, st.busy, st.exposed
             i += 1
+        st.t, st.busy, st.exposed = t, busy, exposed
         remaining -= i - ptr[s]
         ptr[s] = i
         if not now:
