@@ -59,21 +59,27 @@ SHORT_STEADY = 9  # steady-state micro-batches past the warm-up that a deep pipe
 FULL_JUDGE_ACTIONS = 4096  # p * M up to which every contender is also judged on the full-length pipeline
 
 
-def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: tuple[str, ...],
-             pool_price: float | None = None) -> list[Option]:
-    """Each candidate at its best allowed placement (and pooled, if the regime prices pools), reduced to the
-    (memory, exposure) Pareto frontier."""
-    if pool_price is not None and slot.top:
-        placements = ("on_demand",)  # the top layer's window above is the gradient wait: a pool here
-    points = []  # (memory, exposure, placement, candidate)
+def _placed(slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> list[tuple[Candidate, str, float]]:
+    """Each candidate at its best allowed placement: (candidate, placement, exposure per micro-batch)."""
+    placed = []
     for c in cands:
         best = None
         for at in placements:
             e = exposure(slot, c, at)
             if e is not None and (best is None or e < best[1]):
                 best = (at, e)
+        placed.append((c, best[0], best[1]))
+    return placed
+
+
+def _options(model: StageModel, slot, placed: list[tuple[Candidate, str, float]], pool_price: float | None = None
+             ) -> list[Option]:
+    """The candidates at their best placements (`placed`; pooled too, if the regime prices pools), reduced to the
+    (memory, exposure) Pareto frontier."""
+    points = []  # (memory, exposure, placement, candidate)
+    for c, at, e in placed:
         held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
-        points.append((held, best[1], best[0], c))
+        points.append((held, e, at, c))
         if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
             points.append((held + c.rec_bytes, pool_price * c.rec_s, "pool", c))
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
@@ -108,6 +114,10 @@ class HullCache:
     pool_price: float | None = None  # None: no pooled placements
     table: dict = field(default_factory=dict)
     solved: dict = field(default_factory=dict)  # knapsack solutions per stage model
+    placed: dict = field(default_factory=dict)  # _placed per (block, window above, top): the same at every depth
+    # Without pools and deferred weight passes, an option's memory is the in-flight count times its kept bytes: the
+    # frontier's order and choices are the same at every in-flight count, found once per (block, window, top).
+    scaled: dict = field(default_factory=dict)
 
 
 def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
@@ -115,7 +125,16 @@ def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache
     slot = model.slots[j]
     key = (slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top)
     if key not in cache.table:
-        frontier = _options(model, slot, candidates_of(profile, slot.block), cache.placements, cache.pool_price)
+        where = (slot.block, slot.above_s, slot.top)
+        if where not in cache.placed:
+            placements = ("on_demand",) if cache.pool_price is not None and slot.top else cache.placements
+            cache.placed[where] = _placed(slot, candidates_of(profile, slot.block), placements)  # top: a pool above
+        if cache.pool_price is None and model.awaiting_w == 0 and model.in_flight > 0:
+            if where not in cache.scaled:
+                cache.scaled[where] = _options(replace(model, in_flight=1), slot, cache.placed[where])
+            frontier = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
+        else:
+            frontier = _options(model, slot, cache.placed[where], cache.pool_price)
         cache.table[key] = (frontier, _hull(frontier))
     return cache.table[key]
 
@@ -371,10 +390,13 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     blocks = [l.block for l in profile.layers]
     by_structure: dict[tuple, float] = {}
     flight = [in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages) for s in range(p)]
+    longest = max(2, 2 * -(-n // p))  # at most twice the even share
+    names: dict[tuple[str, ...], int] = {}  # a number per sequence of block types: the DP asks p times per stage
+    seq = [[names.setdefault(tuple(blocks[i:i + w]), len(names)) for w in range(longest + 1)] for i in range(n)]
 
     def stage_time(s: int, first: int, end: int) -> float:
         # Stages with the same layers, in-flight count and position at the end share one solution.
-        key = (flight[s], tuple(blocks[first:end]), end == n, first == 0)
+        key = (flight[s], seq[first][end - first], end == n, first == 0)
         if key not in by_structure:
             model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
                                 p2p_wait_s(profile, first, end))
@@ -382,7 +404,7 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
             by_structure[key] = float("inf") if solved is None else solved[1]
         return by_structure[key]
 
-    bounds, _ = best_bounds(n, p, stage_time, longest=max(2, 2 * -(-n // p)))  # at most twice the even share
+    bounds, _ = best_bounds(n, p, stage_time, longest=longest)
     return bounds
 
 
