@@ -24,8 +24,8 @@ import bisect
 import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
-from operator import itemgetter
+from itertools import accumulate, compress, islice
+from operator import ne
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
@@ -238,7 +238,31 @@ class _Chunk:
                           for (l, r, below_la, uniform, recomputes), (*_, freed) in zip(self.bwd_plan, self.bwd_straight)]
 
 
-def _serve(queue: list[list], mem: list[tuple[float, int]], t: float, until: float, gamma: float, hidden: float
+class _Memory:
+    """A rank's activation-memory timeline: (time, bytes allocated or freed) events, as two lists (cheaper to append
+    and to scan than pairs)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.deltas: list[int] = []
+
+    def note(self, t: float, delta: int) -> None:
+        self.times.append(t)
+        self.deltas.append(delta)
+
+    def peak(self) -> int:
+        """The highest sum of the events in time order, frees before allocations at equal times."""
+        times, deltas = self.times, self.deltas
+        if times != sorted(times):  # a side-stream start can lie an ulp past the compute stream's clock: sort all
+            return max(0, max(accumulate(d for _, d in sorted(zip(times, deltas))), default=0))
+        # In time order, the sum over a run of equal times, frees first, is lowest inside the run and highest at one of
+        # its ends: the peak is the highest sum at the end of a run.
+        sums = list(accumulate(deltas))
+        ends = compress(sums, map(ne, times, islice(times, 1, None)))
+        return max(0, max(ends, default=0), sums[-1] if sums else 0)
+
+
+def _serve(queue: list[list], mem: _Memory, t: float, until: float, gamma: float, hidden: float
            ) -> tuple[float, float]:
     """_Stage.idle on a local queue of [seconds left, bytes, started, layer] tasks: the side stream works from t until
     `until`; returns (the compute stream's time, hidden seconds)."""
@@ -248,7 +272,7 @@ def _serve(queue: list[list], mem: list[tuple[float, int]], t: float, until: flo
         task = queue[0]
         if not task[2]:
             task[2] = True
-            mem.append((cur, task[1]))
+            mem.note(cur, task[1])
         work = task[0] if task[0] < cap else cap
         task[0] -= work
         cap -= work
@@ -271,7 +295,7 @@ class _Stage:
         self.t = 0.0
         self.queue: list[_Task] = []
         self.tasks: dict[tuple[int, int, int], _Task] = {}
-        self.mem: list[tuple[float, int]] = []
+        self.mem = _Memory()
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
         # no forward ever queues work here: no trace to draw, no prev_forward recomputation on this rank
@@ -307,7 +331,7 @@ class _Stage:
             task = self.queue[0]
             if not task.started:
                 task.started = True
-                self.mem.append((cur, task.nbytes))
+                self.mem.note(cur, task.nbytes)
             work = min(task.rem, cap)
             task.rem -= work
             cap -= work
@@ -340,7 +364,7 @@ class _Stage:
 
     def _expose(self, k: int, index: int, work: float, nbytes: int, started: bool) -> None:
         if not started:
-            self.mem.append((self.t, nbytes))
+            self.mem.note(self.t, nbytes)
         if work > 0:
             if self.trace is not None:
                 self._event("compute", f"R mb{k} L{index} (exposed)", self.t, work)
@@ -354,11 +378,12 @@ class _Stage:
         ch = self.chunks[c]
         if self.trace is None and not self.queue and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
-            t, busy, mem = ready if ready > self.t else self.t, self.busy, self.mem
+            t, busy, times, deltas = ready if ready > self.t else self.t, self.busy, self.mem.times, self.mem.deltas
             for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
                 busy += dt_busy
                 t += dt
-                mem.append((t, kept))
+                times.append(t)
+                deltas.append(kept)
             self.t, self.busy = t, busy
             return
         self.idle(ready)
@@ -368,7 +393,7 @@ class _Stage:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
         for l, r in enumerate(ch.runs):
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
-            self.mem.append((self.t, r.kept_bytes))
+            self.mem.note(self.t, r.kept_bytes)
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
@@ -404,9 +429,9 @@ class _Stage:
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
             self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self.mem.append((self.t, r.wgrad_bytes))
+                self.mem.note(self.t, r.wgrad_bytes)
             else:
-                self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
+                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes))
 
     def _backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
@@ -429,7 +454,7 @@ class _Stage:
                     i += 1
                 queue.insert(i, task)
             for u in uniform:  # as _expose: never started
-                mem.append((t, u.rec_bytes))
+                mem.note(t, u.rec_bytes)
                 if u.rec_s > 0:
                     t += u.rec_s
                     busy += u.rec_s
@@ -443,7 +468,7 @@ class _Stage:
                         queue.pop(0)
                     work, nbytes, started = task[0], task[1], task[2]
                 if not started:
-                    mem.append((t, nbytes))
+                    mem.note(t, nbytes)
                 if work > 0:
                     t += work
                     busy += work
@@ -459,7 +484,7 @@ class _Stage:
                     elif dt > 0:
                         t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden) if queue else (t + dt if t + dt > t
                                                                                                 else t, hidden)
-            mem.append((t, freed))
+            mem.note(t, freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
 
     def weight(self, c: int, k: int) -> None:
@@ -468,11 +493,10 @@ class _Stage:
             self._event("compute", f"W mb{k} L{r.index}", self.t, r.wgrad_s)
             self.t += r.wgrad_s
             self.busy += r.wgrad_s
-            self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes)))
+            self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes))
 
     def activation_peak(self) -> int:
-        # frees before allocations at equal times (the deltas read in C: the list is long and mostly in order)
-        return max(0, max(accumulate(map(itemgetter(1), sorted(self.mem))), default=0))
+        return self.mem.peak()
 
 
 def boundary_bytes(profile: Profile, layer: int) -> int:
@@ -550,7 +574,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
         # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
         # items go through the rank's methods, the copies synchronised around them.
-        t, busy, exposed, note = st.t, st.busy, st.exposed, st.mem.append
+        t, busy, exposed, note_t, note_d = st.t, st.busy, st.exposed, st.mem.times.append, st.mem.deltas.append
         i = ptr[s]
         n_order = len(order)
         while i < n_order:
@@ -568,7 +592,8 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     for dt_busy, dt, kept in chunks[c].fwd_straight:
                         busy += dt_busy
                         t += dt
-                        note((t, kept))
+                        note_t(t)
+                        note_d(kept)
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
                     st.forward(c, k, ready, fired[i])
@@ -593,14 +618,16 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     t = ready if ready > t else t
                     for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
                         if rec_bytes is not None:  # exposed recomputation, as _expose
-                            note((t, rec_bytes))
+                            note_t(t)
+                            note_d(rec_bytes)
                             if rec_s > 0:
                                 t += rec_s
                                 busy += rec_s
                                 exposed += rec_s
                         busy += dt_busy
                         t += dt
-                        note((t, freed))
+                        note_t(t)
+                        note_d(freed)
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
                     st.backward(c, k, ready)
@@ -626,7 +653,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]
     reduce_gradients(profile, rank_runs, results, events)
     return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],
-                     memory=[st.mem for st in stages] if trace else [],
+                     memory=[list(zip(st.mem.times, st.mem.deltas)) for st in stages] if trace else [],
                      chunk_grad_waits_s=[stages[schedules.rank_of(p, c)].chunks[c].grad_waits for c in range(n_chunks)])
 
 
