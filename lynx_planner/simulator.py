@@ -233,9 +233,11 @@ class _Chunk:
         self.local = not self.straight and not self.by_at["prev_forward"]
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
+        # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
+        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           r.bwd_input if split else r.bwd, sums[l], freed)
-                          for (l, r, below_la, uniform, recomputes), (*_, freed) in zip(self.bwd_plan, self.bwd_straight)]
+                           r.bwd_input if split else r.bwd, sums[l], straight[-1])
+                          for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
 
 
 class _Memory:
@@ -439,8 +441,8 @@ class _Stage:
         bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
         gamma, mem = self.gamma, self.mem
         t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
-        queue = [[r.rec_s, r.rec_bytes, False, l] for l, r in ch.first_released]
-        pending = {task[3]: task for task in queue}
+        queue = [[r.rec_s, r.rec_bytes, False, l] for l, r in ch.first_released] if ch.first_released else []
+        pending = {task[3]: task for task in queue} if queue else {}
         wait = ready - t if ready - t > 0.0 else 0.0
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
@@ -566,17 +568,18 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     queued = [True] * p
     up = [schedules.rank_of(p, c + 1) for c in range(n_chunks)]  # the rank an item's end may unblock
     down = [schedules.rank_of(p, c - 1) for c in range(n_chunks)]
+    # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited tens of thousands of times).
+    visit = [(st, order, fired, len(order), st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
+              st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
     while now:
         s = heapq.heappop(now)
         queued[s] = False
-        st, (order, _, fired) = stages[s], tables[s]
-        chunks, plain_f, plain_b, waits = st.chunks, st.plain_forward, st.trace is None, st.grad_waits
+        st, order, fired, n_order, chunks, plain_f, plain_b, waits, note_t, note_d = visit[s]
         # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
         # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
         # items go through the rank's methods, the copies synchronised around them.
-        t, busy, exposed, note_t, note_d = st.t, st.busy, st.exposed, st.mem.times.append, st.mem.deltas.append
+        t, busy, exposed = st.t, st.busy, st.exposed
         i = ptr[s]
-        n_order = len(order)
         while i < n_order:
             kind, c, k = order[i]
             if kind == "F":

@@ -41,7 +41,7 @@ from .stage_model import (
 )
 
 
-@dataclass(frozen=True, eq=False)  # compared by identity: every option comes from one frontier
+@dataclass(eq=False, slots=True)  # by identity: every option comes from one frontier (not frozen: cheaper)
 class Option:
     cand: Candidate
     at: str  # on_demand | layer_above | pool (grad_wait or prev_forward, chosen per stage by pool_placements)
