@@ -17,6 +17,7 @@ simulation measured, and the final choice is simulated on the full pipeline.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -289,7 +290,7 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             # options rounding to the same memory are interchangeable but for exposure: keep the best of each
             by_units: dict[int, int] = {}
             for i, o in enumerate(fronts[j]):
-                k = int(np.ceil((o.mem - base[j]) / unit))
+                k = math.ceil((o.mem - base[j]) / unit)
                 if k < r and (k not in by_units or o.exposed_s < fronts[j][by_units[k]].exposed_s):
                     by_units[k] = i
             if not by_units:
@@ -319,7 +320,7 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     for j, (table, option) in zip(reversed(below), reversed(tables)):
         o = fronts[j][option[int(table[:, b].argmin())]]
         chosen[j] = o
-        b -= int(np.ceil((o.mem - base[j]) / unit))
+        b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
 
 
