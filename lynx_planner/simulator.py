@@ -441,8 +441,10 @@ class _Stage:
         bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
         gamma, mem = self.gamma, self.mem
         t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
-        queue = [[r.rec_s, r.rec_bytes, False, l] for l, r in ch.first_released] if ch.first_released else []
-        pending = {task[3]: task for task in queue} if queue else {}
+        queue, pending = [], {}
+        for l, r in ch.first_released:
+            pending[l] = task = [r.rec_s, r.rec_bytes, False, l]
+            queue.append(task)
         wait = ready - t if ready - t > 0.0 else 0.0
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
