@@ -274,7 +274,8 @@ def _serve(queue: list[list], mem: _Memory, t: float, until: float, gamma: float
         task = queue[0]
         if not task[2]:
             task[2] = True
-            mem.note(cur, task[1])
+            mem.times.append(cur)
+            mem.deltas.append(task[1])
         work = task[0] if task[0] < cap else cap
         task[0] -= work
         cap -= work
@@ -399,9 +400,6 @@ class _Stage:
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
-        if self.trace is None and not self.queue and ch.local:  # (the straight form runs in simulate's loop)
-            self._backward_local(ch, ready)
-            return
         n = len(ch.runs)
         action = ("B", k)
         for l in ch.by_at["grad_wait"]:
@@ -435,11 +433,12 @@ class _Stage:
             else:
                 self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes))
 
-    def _backward_local(self, ch: _Chunk, ready: float) -> None:
+    def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
         on demand, with nothing queued before it: backward()'s additions in its order, its tasks ([seconds left,
         bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
         gamma, mem = self.gamma, self.mem
+        note_t, note_d = mem.times.append, mem.deltas.append
         t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
         queue, pending = [], {}
         for l, r in ch.first_released:
@@ -458,7 +457,8 @@ class _Stage:
                     i += 1
                 queue.insert(i, task)
             for u in uniform:  # as _expose: never started
-                mem.note(t, u.rec_bytes)
+                note_t(t)
+                note_d(u.rec_bytes)
                 if u.rec_s > 0:
                     t += u.rec_s
                     busy += u.rec_s
@@ -472,7 +472,8 @@ class _Stage:
                         queue.pop(0)
                     work, nbytes, started = task[0], task[1], task[2]
                 if not started:
-                    mem.note(t, nbytes)
+                    note_t(t)
+                    note_d(nbytes)
                 if work > 0:
                     t += work
                     busy += work
@@ -488,7 +489,8 @@ class _Stage:
                     elif dt > 0:
                         t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden) if queue else (t + dt if t + dt > t
                                                                                                 else t, hidden)
-            mem.note(t, freed)
+            note_t(t)
+            note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
 
     def weight(self, c: int, k: int) -> None:
@@ -635,7 +637,10 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                         note_d(freed)
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
-                    st.backward(c, k, ready)
+                    if ch.local and plain_b and not st.queue:  # released in this backward, served in it
+                        st.backward_local(ch, ready)
+                    else:
+                        st.backward(c, k, ready)
                     t, busy, exposed = st.t, st.busy, st.exposed
                 bwd_end[c][k] = t
                 if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
