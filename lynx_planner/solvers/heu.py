@@ -113,7 +113,8 @@ class HullCache:
 
     placements: tuple[str, ...] = LYNX_PLACEMENTS
     pool_price: float | None = None  # None: no pooled placements
-    table: dict = field(default_factory=dict)
+    table: dict = field(default_factory=dict)  # frontiers
+    hulls: dict = field(default_factory=dict)
     solved: dict = field(default_factory=dict)  # knapsack solutions per stage model
     placed: dict = field(default_factory=dict)  # _placed per (block, window above, top): the same at every depth
     # Without pools and deferred weight passes, an option's memory is the in-flight count times its kept bytes: the
@@ -121,11 +122,16 @@ class HullCache:
     scaled: dict = field(default_factory=dict)
 
 
-def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
-    """(frontier, hull) of the class of slot j."""
+def _class_key(model: StageModel, j: int) -> tuple:
     slot = model.slots[j]
-    key = (slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top)
+    return slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top
+
+
+def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
+    """The option frontier of the class of slot j."""
+    key = _class_key(model, j)
     if key not in cache.table:
+        slot = model.slots[j]
         where = (slot.block, slot.above_s, slot.top)
         if where not in cache.placed:
             placements = ("on_demand",) if cache.pool_price is not None and slot.top else cache.placements
@@ -133,11 +139,18 @@ def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache
         if cache.pool_price is None and model.awaiting_w == 0 and model.in_flight > 0:
             if where not in cache.scaled:
                 cache.scaled[where] = _options(replace(model, in_flight=1), slot, cache.placed[where])
-            frontier = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
+            cache.table[key] = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
         else:
-            frontier = _options(model, slot, cache.placed[where], cache.pool_price)
-        cache.table[key] = (frontier, _hull(frontier))
+            cache.table[key] = _options(model, slot, cache.placed[where], cache.pool_price)
     return cache.table[key]
+
+
+def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
+    """The convex hull of that frontier (only the greedy reads it: found when first asked)."""
+    key = _class_key(model, j)
+    if key not in cache.hulls:
+        cache.hulls[key] = _hull(_class_options(profile, model, j, cache))
+    return cache.hulls[key]
 
 
 def _reserve(options: list[Option], tops: list[bool]) -> int:
@@ -203,7 +216,7 @@ def _greedy(profile: Profile, model: StageModel, cache: HullCache, fill: bool = 
     classes: dict[tuple, list[int]] = {}
     for j, slot in enumerate(model.slots):
         classes.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
-    hulls = [_class_options(profile, model, js[0], cache)[1] for js in classes.values()]
+    hulls = [_class_hull(profile, model, js[0], cache) for js in classes.values()]
     levels = [[0] * len(js) for js in classes.values()]  # each layer's position on its class's hull
     slot_of = [j for js in classes.values() for j in js]
     tops = [model.slots[j].top for j in slot_of]
@@ -262,7 +275,7 @@ def _near_bytes(o: Option) -> int:
 def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
     if model.budget <= 0:
         return None
-    fronts = [_class_options(profile, model, j, cache)[0] for j in range(len(model.slots))]
+    fronts = [_class_options(profile, model, j, cache) for j in range(len(model.slots))]
     easy = [f[-1] for f in fronts]  # each slot's least exposure: if they fit together, that is the optimum
     if sum(o.mem for o in easy) + _reserve(easy, [sl.top for sl in model.slots]) <= model.budget:
         return easy, stage_estimate(model, easy)
@@ -352,7 +365,7 @@ def _fill(profile: Profile, model: StageModel, cache: HullCache, chosen: list[Op
         if left <= 0:
             return
         cur = best = chosen[i]
-        for o in _class_options(profile, model, j, cache)[0]:
+        for o in _class_options(profile, model, j, cache):
             if o.mem - cur.mem <= left and (o.exposed_s, o.cand.rec_s) < (best.exposed_s, best.cand.rec_s):
                 chosen[i] = o
                 if used - cur.mem + o.mem + _reserve(chosen, tops) <= model.budget:
@@ -473,7 +486,7 @@ def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option],
     memory per second of exposure added."""
     best = None
     for j, o in enumerate(opts):
-        frontier = next(f for f in (_class_options(profile, model, j, c)[0] for c in caches) if o in f)
+        frontier = next(f for f in (_class_options(profile, model, j, c) for c in caches) if o in f)
         i = frontier.index(o)
         if i > 0:
             lower = frontier[i - 1]
@@ -557,7 +570,7 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
         bounds = splits[-1]
         limits = chunk_limits(profile, bounds, limit)
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
-        chosen = [[_class_options(profile, m, j, caches[-1])[0][0] for j in range(len(m.slots))] for m in models]
+        chosen = [[_class_options(profile, m, j, caches[-1])[0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
     # The contenders are judged on the full pipeline: the shortened one over-weights the warm-up and cool-down, and
