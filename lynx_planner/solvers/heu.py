@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import evaluate as ev
 from .. import schedules
@@ -308,12 +309,12 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
                     by_units[k] = i
             if not by_units:
                 return None  # no option of this layer fits the stage's whole budget
-            units = np.array(list(by_units), dtype=np.int64)
-            src = r + np.arange(r)[None, :] - units[:, None]  # the dp entry each option builds on
+            starts = r - np.array(list(by_units), dtype=np.int64)  # where the dp entries each option builds on start
             exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()], dtype=np.float32)[:, None]
-            transitions[key] = (src, exposed, list(by_units.values()))
-        src, exposed, option = transitions[key]
-        table = dp[src] + exposed
+            transitions[key] = (starts, exposed, list(by_units.values()))
+        starts, exposed, option = transitions[key]
+        table = sliding_window_view(dp, r)[starts]  # row i: dp[r + b - units_i] for every b (copied whole rows)
+        table += exposed
         dp[r:] = table.min(axis=0)
         tables.append((table, option))
     dp = dp[r:]
