@@ -135,7 +135,7 @@ def profile_cmd(
         min=1, show_default="torch's default", help="--method measure: CPU threads of the measured runs.")] = None,
     repeats: Annotated[Optional[int], typer.Option(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
-    schedule: Annotated[Schedule, typer.Option(help=helptext.SCHEDULE)] = Schedule("1f1b"),
+    schedule: Annotated[Schedule, typer.Option(metavar="SCHEDULE", help=helptext.SCHEDULE)] = Schedule("1f1b"),
     virtual_stages: Annotated[int, typer.Option(
         min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
                     "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
@@ -325,7 +325,7 @@ def tune_cmd(
 @command("export")
 def export_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan from `lynx plan` or `lynx tune`.")],
-    to: Annotated[Framework, typer.Option("--to", help=helptext.EXPORT_TO)],
+    to: Annotated[Framework, typer.Option("--to", metavar="FRAMEWORK", help=helptext.EXPORT_TO)],
     profile: Annotated[Optional[Path], typer.Option(
         metavar="PROFILE.json", show_default="the plan's profile_path", help="The plan's profile.")] = None,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,11 +42,15 @@ def limits(profile_path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("cmd", ["profile", "plan", "compare", "simulate", "check", "apply", "bench", "models",
-                                 "hardware", "schema"])
+                                 "hardware", "schema", "tune", "export", "validate"])
 def test_help(cmd):
     r = lynx(cmd, "--help")
     assert r.exit_code == 0
     assert "Usage" in r.output
+    # an option's value list folded across lines (`<1f1b|gpipe|interle` / `aved-1f1b|...>`) is unreadable: long
+    # choice lists get a short metavar and are spelled out in the help text
+    folded = re.findall(r"<[\w.-]+\|[\w.|-]*\s", r.output)
+    assert not folded, folded
 
 
 def test_top_level_help_lists_commands():
