@@ -75,11 +75,13 @@ def order(name: str, p: int, v: int, rank: int, m: int) -> tuple[Item, ...]:
 def awaiting_weight_pass(name: str, p: int, v: int, chunk: int, m: int) -> int:
     """The most micro-batches whose B chunk has run and whose W has not (0 unless the backward is split): their graphs,
     kept and recomputed tensors included, are held meanwhile."""
+    if not SCHEDULES[name].splits_backward:
+        return 0
     held = most = 0
     for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
-        if c == chunk:
-            held += {"B": 1, "W": -1}.get(kind, 0) if SCHEDULES[name].splits_backward else 0
-            most = max(most, held)
+        if c == chunk and kind != "F":
+            held += 1 if kind == "B" else -1
+            most = held if held > most else most
     return most
 
 
@@ -88,8 +90,8 @@ def in_flight(name: str, p: int, v: int, chunk: int, m: int) -> int:
     """The most micro-batches whose forward chunk has run and whose backward (B) has not: those whose activations it
     holds at once."""
     held = most = 0
-    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
-        if c == chunk:
-            held += {"F": 1, "B": -1}.get(kind, 0)
-            most = max(most, held)
+    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):  # (plain branches: a deep pipeline has 10^4 items)
+        if c == chunk and kind != "W":
+            held += 1 if kind == "F" else -1
+            most = held if held > most else most
     return most
