@@ -447,7 +447,10 @@ class _Stage:
         wait = ready - t if ready - t > 0.0 else 0.0
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
-        t, hidden = _serve(queue, mem, t, ready, gamma, hidden) if queue else (ready if ready > t else t, hidden)
+        if queue:  # the wait for the gradient, as idle()
+            t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
+        else:
+            t = ready if ready > t else t
         for l, below, uniform, recomputes, r, segs, sums, freed in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
@@ -487,8 +490,10 @@ class _Stage:
                         t += dt
                         busy += dt
                     elif dt > 0:
-                        t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden) if queue else (t + dt if t + dt > t
-                                                                                                else t, hidden)
+                        if queue:
+                            t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden)
+                        else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
+                            t += dt
             note_t(t)
             note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
