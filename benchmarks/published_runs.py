@@ -17,7 +17,8 @@ Sources (numbers transcribed from the papers / README image; configurations as t
                  virtual stages and DDP from the authors' script for this table (N1 below).   [checked on]
   megatron-h100  Megatron-LM README (NVIDIA/Megatron-LM images/model_table.png, July 2024): per-GPU TFLOP/s on
                  H100 (bf16: 408.8 TFLOP/s is its 41 % MFU of 989.5), s 4096, vocabulary 131072, DP 48,
-                 distributed optimizer with --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap.
+                 distributed optimizer with --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap;
+                 Megatron of 2024: today's defaults, p2p overlapped with the interleaved schedule only.
                  [pp 1 rows: HOPPER_SUSTAINED fitted on them; pp > 1 rows: checked on]
 
 Settings a source does not publish (the H100 table's micro-batch size, schedule, virtual stages, recomputation) are
@@ -108,7 +109,8 @@ def tuned(cfg: GPTConfig, hw_name: str, batch: int, attention: str, dropout: flo
         chunks = [None] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]  # Megatron: even chunks
         for name, v in {o for v in chunks for o in tune.pipeline_schedules(("1f1b", "interleaved-1f1b"), pp, m,
                                                                             cfg.num_layers, v)}:
-            par = _par(micro_batch_size=mb, num_microbatches=m, **schedule(v), **par_kw)
+            blocking = {} if v > 1 else {"overlap_p2p_comm": False}  # Megatron overlaps sends only interleaved
+            par = _par(micro_batch_size=mb, num_microbatches=m, **schedule(v), **blocking, **par_kw)
             prof = gpt_profile(cfg, par, hw, attention, dropout)
             for algo in ("none", "selective", "full"):  # each recomputes more than the one before: the first fit
                 t, fits = iteration(prof, algo, limit)
@@ -129,7 +131,9 @@ K4 = [  # (setup, recompute, sequence parallel, forward ms, backward ms)
 ]
 
 # Table 5 with the configurations of Table 3: (name, layers, hidden, heads, pp, global batch, interleave,
-# full-recompute s, selective + SP s). tp 8, micro-batch 1 (22B: 4), s 2048, vocabulary 51200, no DP.
+# full-recompute s, selective + SP s). tp 8, micro-batch 1 (22B: 4), s 2048, vocabulary 51200, no DP. Megatron of
+# 2022 (the paper's code, merged 2022-05): async TP all-reduce and gradient-accumulation fusion on (their defaults
+# since 2021-09 and 2022-02), pipeline sends blocking (overlap_p2p_comm=False: the p2p overlap arrived 2023-05).
 K5 = [
     ("22B", 48, 6144, 64, 1, 4, 1, 1.42, 1.10),
     ("175B", 96, 12288, 96, 8, 64, 3, 18.13, 13.75),
@@ -141,7 +145,23 @@ K5 = [
 # settings of the authors' own script for this table (Megatron-LM examples/sc21/run_table_1.sh, commit 6985e58 of
 # 2021-08, now examples/academic_paper_scripts/sc21/): micro-batch size, virtual stages per rank (its
 # --num-layers-per-virtual-pipeline-stage: layers / (pp x that)) and the DDP implementation ("torch": PyTorch DDP,
-# gradient all-reduce overlapped with the backward; "local": Megatron's, all-reduced after the backward).
+# gradient all-reduce overlapped with the backward; "local": Megatron's, all-reduced after the backward). The script
+# trains with --fp16 --loss-scale 8192 and no --accumulate-allreduce-grads-in-fp32 / --use-contiguous-buffers-in-ddp,
+# and the code at that commit (SC21: the paper's runs are older still) gives every row these settings (N1_SETTINGS):
+#   async_tp_allreduce=False    a column-parallel GEMM's input gradient is all-reduced after its whole backward
+#                               (megatron/mpu/mappings.py _CopyToModelParallelRegion; the async all-reduce beside the
+#                               weight gradient landed 2021-09-07, merge b462d25);
+#   overlap_p2p_comm=False      p2p_communication._communicate: batch_isend_irecv, req.wait(), torch.cuda.synchronize()
+#                               (blocking; interleaved steady state: send_forward_backward_recv_forward_backward after
+#                               each forward-backward pair; --overlap-p2p-communication arrived 2023-05);
+#   grad_reduce_in_fp32=False   fp16 .grad all-reduced as is (model/distributed.py, torch DDP alike), then copied to
+#                               fp32 main grads and unscaled (optimizer.py Float16OptimizerWithFloat16Params);
+#   gradient_accumulation_fusion=False  autograd adds each micro-batch's weight gradient into .grad (the fusion
+#                               arrived 2022-02, 83b1e42);
+#   contiguous_grad_buffers=False  local DDP flattens the grads, divides and unflattens them (contiguous buffers became
+#                               its default 2021-08-18, e8fb052, after this commit); PyTorch DDP copies to buckets.
+N1_SETTINGS = dict(async_tp_allreduce=False, overlap_p2p_comm=False, grad_reduce_in_fp32=False,
+                   gradient_accumulation_fusion=False, contiguous_grad_buffers=False)
 N1 = [  # + (micro-batch, virtual stages, DDP)
     ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, "torch"),
     ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, "torch"),
@@ -200,7 +220,7 @@ def korthikanti_5() -> list[Row]:
         mark = f" (v{inter})" if inter > 1 else ""
         for algo, sp, paper in (("full", False, full_s), ("selective", True, sel_s)):
             par = _par(tp=8, pp=pp, micro_batch_size=mb, num_microbatches=batch // mb, sequence_parallel=sp,
-                       **schedule(inter))
+                       overlap_p2p_comm=False, **schedule(inter))
             t, _ = iteration(gpt_profile(cfg, par, hw, "math", 0.1), algo)
             what = "full recompute" if algo == "full" else "selective + SP"
             rows.append(Row("korthikanti-5", f"{name} {what}{mark}", paper, t, "s"))
@@ -214,7 +234,7 @@ def narayanan_1() -> list[Row]:
     for name, heads, h, layers, tp, pp, gpus, batch, paper, mb, v, ddp in N1:
         dp = gpus // (tp * pp)
         par = _par(tp=tp, pp=pp, dp=dp, micro_batch_size=mb, num_microbatches=batch // (dp * mb),
-                   overlap_grad_reduce=ddp == "torch", **schedule(v))
+                   overlap_grad_reduce=ddp == "torch", **N1_SETTINGS, **schedule(v))
         t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, hw, "math", 0.1), "full")
         lynx = model_flops(batch, 2048, layers, h, 51200, True) / t / gpus / 1e12
         label = f"{name} tp{tp} pp{pp} dp{dp} mb{mb}" + (f" v{v}" if v > 1 else "")
@@ -276,23 +296,30 @@ def fit() -> None:
     print(f"in use: {H.HOPPER_SUSTAINED}")
 
 
-def same_run_in_both() -> str:
+def same_run_in_both(narayanan_rows: list[Row]) -> str:
     """The one configuration both A100 sources publish: the 1T model, tp 8, pp 64, micro-batch 1, 512 sequences per
-    pipeline, full recomputation (Korthikanti's Table 5 without DP; Narayanan's Table 1 with DP 6). Their TFLOP/s
-    per GPU (Narayanan's count, recomputation included) differ by more than lynx's two predictions do."""
-    name, layers, h, _, pp, batch, _, full_s, _ = K5[-1]
-    tflops = model_flops(batch, 2048, layers, h, 51200, True) / full_s / (8 * pp) / 1e12
-    n1 = N1[-1][8]
+    pipeline, full recomputation (Korthikanti's Table 5 without DP, Megatron of 2022; Narayanan's Table 1 with DP 6,
+    Megatron of 2021-08). Their TFLOP/s per GPU (Narayanan's count, recomputation included), and lynx's for each
+    with its source's settings."""
+    name, layers, h, heads, pp, batch, _, full_s, _ = K5[-1]
+    flops = model_flops(batch, 2048, layers, h, 51200, True) / (8 * pp) / 1e12
+    par = _par(tp=8, pp=pp, num_microbatches=batch, overlap_p2p_comm=False)  # as korthikanti_5's
+    t, _ = iteration(gpt_profile(GPTConfig(name, layers, h, heads), par, HARDWARE["a100-80g-nvlink"], "math", 0.1),
+                     "full")
+    n1, lynx_n1 = N1[-1][8], narayanan_rows[-1].lynx
     return (f"same run in both A100 sources ({name}, tp 8 pp {pp}, micro-batch 1, {batch} sequences per pipeline, "
-            f"full recompute): Korthikanti 2022 {tflops:.1f} TFLOP/s, Narayanan 2021 {n1:.1f} "
-            f"({n1 / tflops - 1:+.1%})")
+            f"full recompute): Korthikanti 2022 {flops / full_s:.1f} TFLOP/s (lynx {flops / t:.1f}), Narayanan 2021 "
+            f"{n1:.1f} (lynx {lynx_n1:.1f}): papers {n1 / (flops / full_s) - 1:+.1%}, lynx {lynx_n1 / (flops / t) - 1:+.1%}")
 
 
 HEADERS = {
     "korthikanti-4": "A100 80 GB, 22B, tp 8, micro-batch 4, s 2048, math attention, dropout 0.1 (fitted on)",
-    "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1 (fitted on)",
+    "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1, blocking p2p "
+                     "(fitted on)",
     "narayanan-1": "A100 80 GB, full recompute, math attention, dropout 0.1, the authors' micro-batch, virtual "
-                   "stages and DDP (torch: grad all-reduce overlapped; local: after the backward) (checked on)",
+                   "stages and DDP (torch: grad all-reduce overlapped; local: after the backward), Megatron of "
+                   "2021-08 (no async TP all-reduce, blocking p2p, fp16 grads, no accumulation fusion, bucket "
+                   "copies) (checked on)",
     "megatron-h100": "H100, flash attention, distributed optimizer, all overlaps; micro-batch, schedule and "
                      "recomputation as tune picks them (in brackets) (pp 1: HOPPER_SUSTAINED fitted on; pp > 1: "
                      "checked on)",
@@ -310,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         fit()
         return 0
-    bad = 0
+    bad, shown = 0, {}
     for name in args.table or list(TABLES):
-        rows = TABLES[name]()
+        rows = shown[name] = TABLES[name]()
         print(f"\n{name}: {HEADERS[name]}")
         print(f"  {'row':44s} {'paper':>9s} {'lynx':>9s} {'lynx/paper':>10s}")
         for r in rows:
@@ -322,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             bad += r.checked and not ok
             print(f"  {r.label:44s} {r.paper:9.3f} {r.lynx:9.3f} {r.ratio:10.3f}  {r.unit:8s} {flag}"
                   + (f"  ({r.note})" if r.note else ""))
-    if "narayanan-1" in (args.table or TABLES):
-        print("\n" + same_run_in_both())
+    if "narayanan-1" in shown:
+        print("\n" + same_run_in_both(shown["narayanan-1"]))
     print(f"\n{bad} checked row(s) outside ±{TOLERANCE:.0%} (ratios ±{RATIO_TOLERANCE:.0%})")
     return 1 if bad else 0
 

@@ -185,6 +185,10 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
                 flags.append("--overlap-param-gather")
     if par.tp_comm_overlap:
         flags.append("--tp-comm-overlap")
+    if not par.overlap_p2p_comm and par.virtual_stages > 1:  # Megatron's 1F1B never overlaps its sends
+        flags.append("--no-overlap-p2p-communication")
+    if not par.gradient_accumulation_fusion:
+        flags.append("--no-gradient-accumulation-fusion")
     flags += precision_flags(profile)
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
@@ -193,6 +197,15 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
     notes = _not_expressible(plan, profile)
+    if par.tp > 1 and not par.async_tp_allreduce:
+        notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
+                     "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
+    if par.dp > 1 and not par.contiguous_grad_buffers:
+        notes.append("the profile copies gradients to DDP buckets and back (contiguous_grad_buffers false, Megatron "
+                     "before 2021-08); Megatron-LM's DDP now always reduces them in place")
+    if par.dp > 1 and not par.grad_reduce_in_fp32:
+        notes.append("the profile reduces 16-bit gradients (grad_reduce_in_fp32 false): Megatron does so only under "
+                     "--fp16 without --accumulate-allreduce-grads-in-fp32; these flags train in bf16 (fp32 grads)")
     if schedules.get(par.schedule).splits_backward:
         notes.append(f"the plan is for the {par.schedule} schedule ({schedules.get(par.schedule).torch_class}); "
                      "Megatron-LM has no zero-bubble schedule: these flags run "

@@ -111,6 +111,27 @@ class ParallelConfig(_Model):
                                        "next iteration's forward (Megatron --overlap-param-gather)")
     tp_comm_overlap: bool = Field(False, exclude_if=lambda v: v is False,
                                   description="TP collectives overlapped with their GEMMs (--tp-comm-overlap)")
+    async_tp_allreduce: bool = Field(True, exclude_if=lambda v: v is True,
+                                     description="the input gradient's TP collective before a column-parallel GEMM "
+                                     "runs beside its weight-gradient GEMM (Megatron's async tensor-model-parallel "
+                                     "all-reduce: from 2021-09 on, always since); False: Megatron before it (sc21)")
+    grad_reduce_in_fp32: bool = Field(True, exclude_if=lambda v: v is True,
+                                      description="DP gradients reduced in fp32 (Megatron's main_grad; forced with "
+                                      "--bf16); False: in fp16 (an --fp16 run without "
+                                      "--accumulate-allreduce-grads-in-fp32, e.g. the sc21 runs)")
+    gradient_accumulation_fusion: bool = Field(True, exclude_if=lambda v: v is True,
+                                               description="weight-gradient GEMMs add into the main_grad (Megatron's "
+                                               "default since 2022-02); False: a separate add pass per micro-batch")
+    contiguous_grad_buffers: bool = Field(True, exclude_if=lambda v: v is True,
+                                          description="DP gradients live in flat buffers the reduction works on "
+                                          "(Megatron's local DDP default since 2021-08); False: copied to buckets and "
+                                          "back (its local DDP before, PyTorch DDP without gradient_as_bucket_view)")
+    overlap_p2p_comm: bool = Field(True, exclude_if=lambda v: v is True,
+                                   description="pipeline sends run beside compute (Megatron's "
+                                   "--overlap-p2p-communication, its default with the interleaved schedule since "
+                                   "2023-10); False: Megatron's blocking batched p2p (before 2023, and its 1F1B): "
+                                   "the sender waits out its send, interleaved sends a forward's output with the "
+                                   "next backward's gradient")
     rank_order: Literal["tp-dp-pp"] | None = Field(
         None, exclude_if=lambda v: v is None,
         description="'tp-dp-pp': Megatron's order (neighbouring stages tp x dp ranks apart, p2p over the p2p link); "

@@ -531,6 +531,14 @@ def send_s(profile: Profile, nbytes: float) -> float:
     return costs.scatter_gather_send_s(nbytes, shares, p2p_bus(profile), costs.link(profile.hardware, par.tp))
 
 
+def sender_s(profile: Profile, nbytes: float) -> float:
+    """The part of a pipeline send the sender waits out when sends block: its own share's transfer (the receivers'
+    all-gather of a scatter-gather send is theirs)."""
+    par = profile.parallel
+    shares = par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
+    return costs.p2p_s(nbytes / shares, p2p_bus(profile))
+
+
 def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
     """(chunk, micro-batch) -> position of its backward in the rank's order: the side stream serves the earliest."""
     return {(c, k): i for i, (kind, c, k) in enumerate(order) if kind == "B"}
@@ -564,6 +572,14 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
             send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
+    # Megatron's blocking p2p (overlap_p2p_comm false): a rank posts its sends and the receives of its next item
+    # together when an item ends (`posted`); a transfer starts once both ends have posted, and the sender waits out
+    # its own share. In the interleaved schedule a forward's output leaves with the backward after it, after both.
+    blocking = not par.overlap_p2p_comm
+    posted = [0.0] * p
+    hold = [0.0 if x == 0.0 else sender_s(profile, boundary_bytes(profile, runs[-1].index)) if blocking else 0.0
+            for x, runs in zip(send, stage_layers)]
+    paired = blocking and schedules.get(par.schedule).batches_sends
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
@@ -598,19 +614,42 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     ready = fwd_end[c - 1][k]
                     if ready < 0:
                         break
-                    ready += send[c - 1]
-                if plain_f and not st.queue:  # as _Stage.forward with nothing to queue
+                    ready = (max(ready, posted[s]) if blocking else ready) + send[c - 1]
+                if blocking:  # Megatron's blocking p2p: through the rank's methods
+                    pair = paired and c < last and i + 1 < n_order and order[i + 1][0] == "B"
+                    if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
+                        _, cb, kb = order[i + 1]
+                        if cb < last and bwd_end[cb + 1][kb] < 0:
+                            break
+                        ready = max(ready, max(bwd_end[cb + 1][kb], posted[s]) + send[cb] if cb < last else 0.0)
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    st.forward(c, k, ready, fired[i])
+                    if pair:
+                        st.backward(cb, kb, fwd_end[cb][kb] if cb == last else st.t)
+                        bwd_end[cb][kb] = fwd_end[c][k] = posted[s] = st.t
+                        st.idle(st.t + max(hold[c], hold[cb - 1] if cb > 0 else 0.0))
+                        if cb > 0 and not queued[r := down[cb]] and r != s:
+                            queued[r] = True
+                            heapq.heappush(now, r) if r > s else later.append(r)
+                        i += 1
+                    else:
+                        fwd_end[c][k] = posted[s] = st.t
+                        if c < last:
+                            st.idle(st.t + hold[c])
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                elif plain_f and not st.queue:  # as _Stage.forward with nothing to queue
                     t = ready if ready > t else t
                     for dt_busy, dt, kept in chunks[c].fwd_straight:
                         busy += dt_busy
                         t += dt
                         note_t(t)
                         note_d(kept)
+                    fwd_end[c][k] = t
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
                     st.forward(c, k, ready, fired[i])
                     t, busy, exposed = st.t, st.busy, st.exposed
-                fwd_end[c][k] = t
+                    fwd_end[c][k] = t
                 if c < last and not queued[r := up[c]] and r != s:  # wake the next chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
@@ -621,7 +660,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     ready = bwd_end[c + 1][k]
                     if ready < 0:
                         break
-                    ready += send[c]
+                    ready = (max(ready, posted[s]) if blocking else ready) + send[c]
                 ch = chunks[c]
                 if ch.straight and plain_b and not st.queue:  # recomputation all on demand: backward()'s additions
                     wait = ready - t if ready - t > 0.0 else 0.0
@@ -648,6 +687,12 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                         st.backward(c, k, ready)
                     t, busy, exposed = st.t, st.busy, st.exposed
                 bwd_end[c][k] = t
+                if blocking:  # the rank posts its sends; the sender waits out its share
+                    posted[s] = t
+                    if c > 0:
+                        st.t, st.busy, st.exposed = t, busy, exposed
+                        st.idle(t + hold[c - 1])
+                        t = st.t
                 if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
@@ -673,11 +718,24 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
 
 
 GRAD_BYTES = 4  # Megatron reduces gradients in fp32 under bf16 training (main_grad buffers)
+# Without contiguous gradient buffers (Megatron's local DDP before they became the rule; PyTorch DDP without
+# gradient_as_bucket_view) every gradient is copied into a flat buffer, divided by dp in place and copied back: three
+# passes that each read and write it, on the compute stream.
+DDP_COPY_PASSES = 3
 PARAM_BYTES = 2  # the distributed optimizer all-gathers the updated bf16 weights
 # Bytes the optimizer step moves per parameter it updates (multi-tensor kernels, memory-bound): the gradient norm
 # reads the fp32 gradient (4), clipping scales it in place (8), Adam reads the gradient (4), reads and writes the
 # fp32 master weight, m and v (24) and writes the bf16 weight (2).
 OPTIMIZER_BYTES_PER_PARAM = 42
+# With 16-bit gradients (an fp16 run, grad_reduce_in_fp32 false) the step first copies them to fp32 main grads (read
+# 2, write 4) and the loss scaler unscales those, checking for inf (read 4, write 4): Megatron's Float16Optimizer.
+FP16_GRAD_STEP_BYTES_PER_PARAM = 14
+
+
+def grad_bytes(profile: Profile) -> int:
+    """Bytes per gradient element the DP reduction moves: fp32 main grads, or the 16-bit grads of an fp16 run
+    without --accumulate-allreduce-grads-in-fp32 (grad_reduce_in_fp32 false)."""
+    return GRAD_BYTES if profile.parallel.grad_reduce_in_fp32 else 2
 
 
 def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], results: list[StageResult],
@@ -715,13 +773,17 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
         params = [profile.layers[run.index].params for run in runs]
         t = 0.0
         for run, n, at in zip(reversed(runs), reversed(params), reversed(ready_at)):
-            nbytes = GRAD_BYTES * n
+            nbytes = grad_bytes(profile) * n
             dt = (costs.all_gather_s(nbytes, par.dp, bus) if par.distributed_optimizer
                   else costs.all_reduce_s(nbytes, par.dp, bus))
             start = max(t, at)
             event(s, f"DP grad L{run.index}", start, dt)
             t = start + dt
         t = max(t, r.end_s)
+        if par.dp > 1 and not par.contiguous_grad_buffers:  # gradients copied to flat buckets, divided, copied back
+            copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
+            event(s, "DP bucket copies", t, copies)
+            t += copies
         if par.optimizer_step:
             ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
             step = optimizer_step_s(profile, sum(params), tied if ends else 0, p)
@@ -743,7 +805,9 @@ def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages
     par, hw = profile.parallel, profile.hardware
     t = 0.0
     if tied_params:
-        t += costs.all_reduce_s(GRAD_BYTES * tied_params, 2, costs.link(hw, par.tp * par.dp * (stages - 1) + 1))
+        link = costs.link(hw, par.tp * par.dp * (stages - 1) + 1)
+        t += costs.all_reduce_s(grad_bytes(profile) * tied_params, 2, link)
     ranks = par.tp * par.dp * stages
     t += costs.all_reduce_s(4, ranks, costs.link(hw, ranks))
-    return t + costs.memory_s(OPTIMIZER_BYTES_PER_PARAM * params / (par.dp if par.distributed_optimizer else 1), hw)
+    per_param = OPTIMIZER_BYTES_PER_PARAM + (0 if par.grad_reduce_in_fp32 else FP16_GRAD_STEP_BYTES_PER_PARAM)
+    return t + costs.memory_s(per_param * params / (par.dp if par.distributed_optimizer else 1), hw)

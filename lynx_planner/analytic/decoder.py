@@ -142,6 +142,9 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     if dropout:
         raise ValueError(f"--dropout: the {spec.family} family trains without dropout (its configs' rate is 0)")
     _check(spec, par)
+    if not (par.async_tp_allreduce and par.gradient_accumulation_fusion):
+        raise ValueError(f"async_tp_allreduce / gradient_accumulation_fusion false (Megatron of 2021) are priced for "
+                         f"the gpt family only, not {spec.family}")
     cls = CLASS_PREFIX[spec.family]
     names = _block_names(spec)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,

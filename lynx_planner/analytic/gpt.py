@@ -16,7 +16,7 @@ from .. import costs
 from ..models.catalog import GPTConfig, as_spec
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
-from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, cross_entropy_s
+from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, cross_entropy_s, grad_accum_bytes
 
 def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str,
                     dropout: float) -> Block:
@@ -24,7 +24,7 @@ def gpt_layer_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardwar
     s, b, h, a, f, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.heads, cfg.ffn_hidden, par.tp
     n = s * b  # tokens of a micro-batch
     n_loc = n // t if par.sequence_parallel else n  # tokens on this rank outside the TP regions
-    ops = _OpList(hw)
+    ops = _OpList(hw, accum=grad_accum_bytes(par))
     tp = _TP(par, hw, n, h)
 
     ln1 = ops.layer_norm("ln1:native_layer_norm#0", n_loc, h)
@@ -77,7 +77,7 @@ def embedding_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardwar
     s, b, h, t = par.seq_len, par.micro_batch_size, cfg.hidden, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
-    ops = _OpList(hw)
+    ops = _OpList(hw, accum=grad_accum_bytes(par))
     x = ACT * n * h
     ops.elementwise("embed:embedding#0", x, 2 * x, 2 * x, saves=[BLOCK_INPUT])  # vocab-parallel lookup
     _TP(par, hw, n, h).after_row(ops, "embed")
@@ -91,7 +91,7 @@ def lm_head_block(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware)
     s, b, h, v, t = par.seq_len, par.micro_batch_size, cfg.hidden, cfg.vocab, par.tp
     n = s * b
     n_loc = n // t if par.sequence_parallel else n
-    ops = _OpList(hw)
+    ops = _OpList(hw, accum=grad_accum_bytes(par))
     ln = ops.layer_norm("final_norm:native_layer_norm#0", n_loc, h)
     logits_fwd = costs.gemm_s(2.0 * n * h * v / t, hw)
     _TP(par, hw, n, h).before_column(ops, "head", logits_fwd)

@@ -20,13 +20,26 @@ def bytes_per_param(par: ParallelConfig) -> float:
     return 6 + 12 / par.dp if par.distributed_optimizer else 18
 
 
+def grad_accum_bytes(par: ParallelConfig) -> float:
+    """Bytes per weight element that accumulating a micro-batch's weight gradient moves outside its GEMM, averaged
+    over the micro-batches: none with Megatron's gradient-accumulation fusion (the weight-gradient GEMM adds into the
+    fp32 main_grad); without it, an add pass (read the new 16-bit gradient, read and write the accumulator: 16-bit
+    .grad or fp32 main_grad) on every micro-batch but the first, which autograd stores as it is."""
+    if par.gradient_accumulation_fusion:
+        return 0.0
+    acc = 4 if par.grad_reduce_in_fp32 else ACT
+    return (ACT + 2 * acc) * (par.num_microbatches - 1) / par.num_microbatches
+
+
 @dataclass
 class _OpList:
-    """Appends ops in forward order; `last` is the id of the latest op producing the running activation."""
+    """Appends ops in forward order; `last` is the id of the latest op producing the running activation.
+    `accum`: grad_accum_bytes of the setup, added to each weight GEMM's backward."""
 
     hw: Hardware
     ops: list[Op] = field(default_factory=list)
     last: str = BLOCK_INPUT
+    accum: float = 0.0
 
     def add(self, id: str, *, inputs: list[str] | None = None, saves: list[str] | None = None, **kw) -> str:
         saves = [id if ref == "self" else ref for ref in saves or []]  # "self": the op's own output
@@ -37,9 +50,10 @@ class _OpList:
 
     def gemm(self, id: str, m: int, k: int, n: int, saves: list[str], inputs: list[str] | None = None,
              tags: list[str] | None = None, batch: int = 1) -> str:
-        """[m, k] @ [k, n], or `batch` such products in one batched kernel."""
+        """[m, k] @ [k, n], or `batch` such products in one batched kernel (activations both: no weight)."""
+        accum = costs.memory_s(self.accum * k * n, self.hw) if self.accum and batch == 1 else 0.0
         return self.add(id, inputs=inputs, saves=saves, fwd_s=costs.gemm_fwd_s(m, k, n, self.hw, batch),
-                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw, batch), flops=2.0 * batch * m * k * n,
+                        bwd_s=costs.gemm_bwd_s(m, k, n, self.hw, batch) + accum, flops=2.0 * batch * m * k * n,
                         out_bytes=ACT * batch * m * n, tags=tags or [])
 
     def elementwise(self, id: str, out_bytes: int, fwd_rw: float, bwd_rw: float, **kw) -> str:
@@ -69,14 +83,16 @@ class _TP:
     """Megatron's conjugate collectives around column- and row-parallel GEMMs."""
 
     def __init__(self, par: ParallelConfig, hw: Hardware, tokens: int, hidden: int):
-        self.t, self.sp = par.tp, par.sequence_parallel
+        self.t, self.sp, self.async_grad = par.tp, par.sequence_parallel, par.async_tp_allreduce
         self.bus = costs.link(hw, par.tp)
         self.full = ACT * tokens * hidden  # bytes of an unsplit [s, b, h] activation
 
     def before_column(self, ops: _OpList, module: str, wgrad_s: float) -> str:
-        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce."""
+        """Before a column-parallel GEMM: all-gather (SP) or identity with a backward all-reduce; that backward
+        collective runs beside the GEMM's weight gradient (`wgrad_s`) only with the async all-reduce."""
         if self.t == 1:
             return ops.last
+        wgrad_s = wgrad_s if self.async_grad else 0.0
         if self.sp:
             c = costs.all_gather_s(self.full, self.t, self.bus)
             return ops.collective(f"{module}:tp_all_gather#0", c, c, self.full, bwd_overlap_s=wgrad_s)

@@ -92,7 +92,7 @@ def shard(block: Block, traced: BlockTrace, par: ParallelConfig, hw: Hardware) -
             op = _scaled(op, t, out_too=True)
             src = op.inputs[0] if op.inputs else BLOCK_INPUT
             if src not in gathered:
-                gathered[src] = _before_column(ops, op, src, full[src], t, sp, bus)
+                gathered[src] = _before_column(ops, op, src, full[src], t, sp, bus, par.async_tp_allreduce)
             if sp:
                 op = op.model_copy(update={"inputs": [gathered[src] if i == src else i for i in op.inputs]})
             ops.append(op)
@@ -106,13 +106,14 @@ def shard(block: Block, traced: BlockTrace, par: ParallelConfig, hw: Hardware) -
                  ops=ops)
 
 
-def _before_column(ops: list[Op], gemm: Op, src: str, nbytes: int, t: int, sp: bool, bus) -> str:
+def _before_column(ops: list[Op], gemm: Op, src: str, nbytes: int, t: int, sp: bool, bus, async_grad: bool) -> str:
+    overlap = gemm.fwd_s if async_grad else 0.0  # the weight gradient's GEMM, beside the async backward collective
     if sp:
         c = costs.all_gather_s(nbytes, t, bus)
-        ops.append(_collective(f"{gemm.module}:tp_all_gather#0", c, c, nbytes, [src], overlap=gemm.fwd_s))
+        ops.append(_collective(f"{gemm.module}:tp_all_gather#0", c, c, nbytes, [src], overlap=overlap))
     else:
         c = costs.all_reduce_s(nbytes, t, bus)
-        ops.append(_collective(f"{gemm.module}:tp_grad_all_reduce#0", 0.0, c, 0, [src], overlap=gemm.fwd_s))
+        ops.append(_collective(f"{gemm.module}:tp_grad_all_reduce#0", 0.0, c, 0, [src], overlap=overlap))
     return ops[-1].id if sp else src
 
 
