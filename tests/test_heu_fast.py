@@ -64,3 +64,20 @@ def test_auto_bounds_is_the_dp_over_block_sequences():
         return known[key]
 
     assert got == best_bounds(n, p, stage_time, longest=max(2, 2 * -(-n // p)))[0]
+
+
+def test_group_merges_only_equal_policies():
+    """evaluate.group (run per screening simulation; compares fields without model_dump) merges neighbours whose
+    policies are equal but for their layers, and nothing else."""
+    from lynx_planner import evaluate as ev
+    from lynx_planner import policy
+
+    prof = small_profile(tp=2, pp=1, m=1, layers=4)  # layers 1-4 are the transformer layers
+    units = sorted(policy.analyse(prof.blocks[prof.layers[1].block]).units)
+    same = [ev.layer_policy(prof, i, frozenset(units[:1])) for i in (1, 2)]
+    other_keep = ev.layer_policy(prof, 3, frozenset(units[1:2]))
+    other_at = ev.layer_policy(prof, 4, frozenset(units[1:2]), None, "layer_above")
+    assert other_at.recompute and other_at.at == "layer_above"
+    runs = ev.group([*same, other_keep, other_at])
+    assert [r.layers for r in runs] == [(1, 3), (3, 4), (4, 5)]
+    assert runs[0].keep == same[0].keep and runs[1].keep == other_keep.keep and runs[2].at == "layer_above"
