@@ -1,14 +1,19 @@
 """Predicted vs measured, end to end on this machine: calibrate, profile, plan none/full/heu, run them for real.
 
-    python benchmarks/validate_plans.py [--repeats 5] [--out DIR] [--hardware HW.json] [--seq-len 256]
+    python benchmarks/validate_plans.py [--schedule 1f1b|zero-bubble] [--repeats 5] [--out DIR] [--hardware HW.json]
+    python benchmarks/validate_plans.py --schedule interleaved-1f1b --virtual-stages 2
 
 1. `lynx hardware calibrate` (unless --hardware is given): this CPU's GEMM/memory throughput and gloo links.
 2. Profile benchmarks/validate_gpt.py (GPT, hidden 512, 6 layers, activations dominating) with --method measure,
    one thread, as a 2-stage 1F1B pipeline of 4 micro-batches of 2 sequences.
 3. Plans none, full and heu; HEU's memory limit lies 30% of the way from full recomputation's peak to none's, so it
-   must choose selective policies.
-4. `lynx validate` of the three plans in one 2-process gloo job, iterations interleaved; prints the table and
-   full/none predicted vs measured. Everything is written under --out (default benchmarks/out/validate).
+   must choose selective policies (under zero bubble the last stage's peak is the same for every plan, the limit
+   admits it, and HEU keeps everything: its plan is none's, run as a second copy).
+   With a schedule that splits the backward (zero bubble) the profile also measures each block's B + W over its
+   whole backward (Block.split_backward), which the simulator prices.
+4. `lynx validate` of the three plans in one 2-process gloo job, iterations interleaved (each round starting one plan
+   later); prints the table and full/none predicted vs measured. Everything is written under --out (default
+   benchmarks/out/validate).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.3, help="HEU's limit between full's and none's peaks")
     parser.add_argument("--schedule", default="1f1b", help="pipeline schedule (docs/schedules.md)")
     parser.add_argument("--virtual-stages", type=int, default=1, help="chunks per rank (interleaved-1f1b: >= 2)")
-    parser.add_argument("--algos", default="none,full,heu", help="plans to run (zero-bubble: none only)")
+    parser.add_argument("--algos", default="none,full,heu", help="plans to run")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 

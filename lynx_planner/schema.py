@@ -196,6 +196,9 @@ class Block(_Model):
     input_bytes: int = Field(ge=0, description="bytes of the block input, kept while the micro-batch is in flight")
     output_bytes: int = Field(ge=0, description="bytes of the block output (sent when a stage ends here)")
     ops: list[Op]
+    split_backward: float | None = Field(
+        None, gt=0, description="measured time of the backward split into input and weight gradients (B then W, as "
+        "torch.distributed.pipelining runs a zero-bubble schedule) over the whole backward's; None: not measured (1)")
 
     @model_validator(mode="after")
     def _check_graph(self) -> Block:

@@ -3,17 +3,17 @@ the iteration, what each plan predicts with what the run measures.
 
 One process per pipeline stage (gloo; the model file is built in each, seeded alike), each applying the plan's stage
 with `apply_plan` and the pipelining trigger (`runtime.attach`), then timing iterations of the plan's schedule. With
-several plans, every process holds one stage module per plan and runs their iterations interleaved, so load on a
-shared machine hits them alike. Measured per stage: forward and backward (CPU time of the process's compute thread,
-summed over micro-batches; with one thread per process this is compute only, waits excluded), the recomputation run
-inside backward (on demand or triggered by the layer above: on the critical path) and the one released early, and,
-from a storage tracker in one extra untimed iteration, the peak of live bytes created in the iteration (activations,
-recomputed tensors and backward's transient gradients) and the most held when a backward starts (the kept activations
-of the micro-batches in flight; predicted: the layers' kept bytes times the micro-batches in flight). The predicted
-peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall
-time between barriers. Predicted backward includes the
-exposed recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the
-profile's threads, else 1).
+several plans, every process holds one stage module per plan and runs their iterations interleaved, each round starting
+one plan later, so load on a shared machine hits them alike. Measured per stage: forward and backward (CPU time of the
+process's compute thread, summed over micro-batches; with one thread per process this is compute only, waits excluded),
+the recomputation run inside backward (on demand or triggered by the layer above, or in a split backward's W: on the
+critical path) and the one released early, and, from a storage tracker in one extra untimed iteration, the peak of live
+bytes created in the iteration (activations, recomputed tensors and backward's transient gradients) and the most held
+when a backward starts (the kept activations of the micro-batches in flight; predicted: the layers' kept bytes times
+the micro-batches in flight). The predicted peak is the plan's activation peak (kept plus recomputed tensors, no
+transient gradients). The iteration time is wall time between barriers. Predicted backward includes the exposed
+recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
+else 1).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
         st = plan.stages[c]
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
-        bwd += sum(sum(r.bwd[0::2]) for r in runs)
+        split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
+        bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
         kept += sum(r.kept_bytes for r in runs) * simulator.in_flight(par.schedule, par.pp, c, m, par.virtual_stages)
         # a split backward (zero bubble) also holds the graphs whose W has not run
         kept += sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) * schedules.awaiting_weight_pass(
@@ -166,10 +167,11 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             target = torch.zeros(par.num_microbatches * profile_par.micro_batch_size)
             times = {"fwd": 0.0, "bwd": 0.0, "wall": 0.0}
 
-            def timed(fn, key: str, times=times, backward: bool = False):
-                """fn, its CPU and wall time added to times[key]; a backward also marks it and samples held bytes."""
+            def timed(fn, key: str, times=times, backward: bool = False, starts: bool = False):
+                """fn, its CPU and wall time added to times[key]; a backward marks it (recomputation inside counts as
+                in backward); one that `starts` a micro-batch's backward also samples the held bytes."""
                 def run(*a, **k):
-                    if backward and tracker[0] is not None:
+                    if starts and tracker[0] is not None:
                         held_at_backward[0] = max(held_at_backward[0], tracker[0].live)
                     in_backward[0] = backward
                     t0, w0 = clock(), time.perf_counter()
@@ -183,9 +185,10 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
 
             def wrap(stage):
                 stage.forward_one_chunk = timed(stage.forward_one_chunk, "fwd")
-                stage.backward_one_chunk = timed(stage.backward_one_chunk, "bwd", backward=True)
-                # zero bubble's W: part of the backward's time
-                stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "bwd")
+                stage.backward_one_chunk = timed(stage.backward_one_chunk, "bwd", backward=True, starts=True)
+                # zero bubble's W: part of the backward's time, and a recomputation it runs is on its critical path
+                # (torch's first stage runs its whole backward in W: its input needs no gradient)
+                stage.backward_weight_one_chunk = timed(stage.backward_weight_one_chunk, "bwd", backward=True)
 
             for stage in stages:
                 wrap(stage)
@@ -214,13 +217,13 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             wall = time.perf_counter() - t0
             return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
 
-        for _ in range(warmup):
-            for job in jobs:
-                iteration(job)
+        for k in range(warmup):
+            for i in _rotated(len(jobs), k):
+                iteration(jobs[i])
         results: list[dict] = [{"iterations": [], "stages": []} for _ in jobs]
-        for _ in range(repeats):
-            for i, job in enumerate(jobs):
-                wall, st = iteration(job)
+        for k in range(repeats):
+            for i in _rotated(len(jobs), k):
+                wall, st = iteration(jobs[i])
                 results[i]["iterations"].append(wall)
                 results[i]["stages"].append(st.__dict__)
         for i, job in enumerate(jobs):
@@ -237,6 +240,13 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
     region_module.Region.recompute = original
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _rotated(n: int, k: int) -> list[int]:
+    """The plans' order in round k: each round starts one plan later, so that no plan always runs right after the
+    same one or first in its round (whatever the previous iteration left behind, allocator and caches, falls on all
+    plans alike)."""
+    return [(k + i) % n for i in range(n)]
 
 
 def _failure(e: BaseException, model_path: str) -> str:

@@ -62,3 +62,61 @@ def test_measure_on_cpu():
     assert p.method == "measure"
     assert sum(op.fwd_s for op in p.blocks["GPTBlock"].ops) > 0
     assert sum(op.bwd_s for op in p.blocks["GPTBlock"].ops) > 0
+
+
+def test_measure_split_backward_under_zero_bubble_only():
+    zb = profile(method="measure", par={"pp": 2, "schedule": "zero-bubble"})
+    assert zb.blocks["GPTBlock"].split_backward > 0  # B + W over the whole backward, measured (noisy: tiny model)
+    assert zb.blocks["Embedding"].split_backward is None  # token input: torch runs its backward whole
+    assert profile(method="measure", par={"pp": 2}).blocks["GPTBlock"].split_backward is None  # 1F1B: whole
+
+
+def test_split_backward_chains_a_stage_of_instances():
+    """W re-reads what B left behind; the span is a stage's layers, so instances run chained (one input, timed
+    once per chained backward: a chain of 3 takes about 3 times one instance's backward)."""
+    import torch
+
+    from lynx_planner.profiler import timing
+
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(3)]
+    x = torch.randn(8, 64)
+    calls = []
+    for b in blocks:
+        b.register_forward_hook(lambda m, i, o: calls.append(m))
+    assert timing.measure_split([(b, (x,), {}) for b in blocks], chain=3, runs=1, warmup=0) > 0
+    assert calls[1:4] == blocks  # after the probe of the first: each instance once per chained forward, in order
+    calls.clear()
+    head = torch.nn.Linear(64, 10)  # output not shaped as the input: measured alone
+    head.register_forward_hook(lambda m, i, o: calls.append(m))
+    assert timing.measure_split([(head, (x,), {})] * 3, chain=3, runs=1, warmup=0) > 0
+    assert len(calls) == 1 + 2  # the probe, then one per timed backward (whole, split)
+
+
+def test_one_cpu_thread_times_kernels_by_cpu_time():
+    """A shared machine's waits for a CPU stay out of a one-thread profile, as validate measures the run; several
+    threads or a GPU: wall time."""
+    import time
+
+    from lynx_planner.profiler.recorder import op_clock
+
+    assert op_clock(cuda=False, threads=1) is time.thread_time
+    assert op_clock(cuda=False, threads=2) is time.perf_counter
+    assert op_clock(cuda=True, threads=1) is time.perf_counter
+
+
+def test_op_times_scaled_to_the_plain_block():
+    from lynx_planner.profiler.timing import scaled_to_block
+
+    times = {"a": (1.0, 2.0), "b": (3.0, 6.0)}
+    scaled = scaled_to_block(times, (2.0, 16.0))  # forward half, backward twice the ops' sums
+    assert scaled == {"a": (0.5, 4.0), "b": (1.5, 12.0)}
+    assert scaled_to_block({"a": (0.0, 2.0)}, (1.0, 0.0)) == {"a": (0.0, 2.0)}  # nothing to scale: unchanged
+
+
+def test_measured_profile_sums_to_the_plain_block(monkeypatch):
+    import lynx_planner.profiler.profile as profile_module
+
+    monkeypatch.setattr(profile_module, "measure_block", lambda *a, **k: (1.0, 2.0))
+    gpt = profile(method="measure").blocks["GPTBlock"]
+    assert sum(op.fwd_s for op in gpt.ops) == pytest.approx(1.0)
+    assert sum(op.bwd_s for op in gpt.ops) == pytest.approx(2.0)

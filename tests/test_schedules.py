@@ -225,3 +225,22 @@ def test_check_reports_another_virtual_stage_count():
     assert ev.check(plan, prof) == []
     assert any("virtual_stages" in p for p in ev.check(plan.model_copy(update={"parallel": plan.parallel.model_copy(
         update={"virtual_stages": 1})}), prof))
+
+
+def test_measured_split_backward_prices_b_and_w_except_on_chunk_0():
+    """A block whose split backward measured 2x the whole: B and W cost twice on chunk 1; torch runs chunk 0's
+    backward whole (its input needs no gradient), so chunk 0 keeps the whole backward's price; validate predicts
+    what the simulator prices."""
+    from lynx_planner import simulator, solvers, validate
+
+    prof = profile("zero-bubble", 1)
+    blocks = {name: b.model_copy(update={"split_backward": 2.0}) for name, b in prof.blocks.items()}
+    doubled = prof.model_copy(update={"blocks": blocks})
+    pol = ev.none_policy(doubled, 0)
+    assert simulator.layer_run(doubled, 0, pol, first=0).bwd_input == (1.5,)
+    assert simulator.layer_run(doubled, 0, pol, first=0).wgrad_s == 1.0
+    assert simulator.layer_run(doubled, 1, pol, first=1).bwd_input == (3.0,)
+    assert simulator.layer_run(doubled, 1, pol, first=1).wgrad_s == 2.0
+    assert simulate(doubled).iteration_time_s > simulate(prof).iteration_time_s
+    plan = solvers.plan(doubled, "profile.json", "", "none", 1 << 60)
+    assert [validate.predicted_stage(doubled, plan, s).backward_s for s in (0, 1)] == [4 * 2.5, 4 * 5.0]

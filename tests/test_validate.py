@@ -128,3 +128,33 @@ def lynx_model(**kw):
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     assert "ValueError: broken stage (at bad.py:" in r.output
+
+
+def test_each_round_starts_one_plan_later():
+    from lynx_planner.validate import _rotated
+
+    rounds = [_rotated(3, k) for k in range(3)]
+    assert rounds == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert [r[0] for r in rounds] == [0, 1, 2]  # each plan first once; each round runs every plan once
+
+
+def test_zero_bubble_weight_pass_recomputation_counts_in_backward(tmp_path):
+    """torch's first stage runs its whole backward in the W pass (its input needs no gradient): a full plan's
+    recomputation runs there, on the critical path, not early."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt_pipeline as example
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    prof = example.profile()
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"schedule": "zero-bubble"})})
+    (tmp_path / "profile.json").write_text(dumps(prof))
+    plan = solvers.plan(prof, "profile.json", file_sha256(tmp_path / "profile.json"), "full", 1 << 60)
+    (tmp_path / "full.json").write_text(dumps(plan))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "full.json"), str(EXAMPLE), "--repeats", "1",
+                                      "--warmup", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    (full,) = json.loads(result.output)
+    for stage in full["stages"]:
+        assert stage["measured"]["recompute_in_backward_s"] > 0
+    assert full["stages"][0]["measured"]["recompute_early_s"] == 0  # nothing releases stage 0's early

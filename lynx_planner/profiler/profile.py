@@ -21,14 +21,15 @@ import torch
 from rich.progress import Progress
 
 from .. import policy
+from .. import schedules as lynx_schedules
 from ..analytic import bytes_per_param
 from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
-from .recorder import is_attention_kernel, tensors_in
+from .recorder import is_attention_kernel, op_clock, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
-from .timing import analytic_times, measure_spread
+from .timing import analytic_times, measure_block, measure_split, measure_spread, scaled_to_block
 from .tracing import CORE_ATTN, BlockTrace, op_ids, to_block, trace
 
 METHODS = ("analytic", "measure")
@@ -198,7 +199,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                 bar.advance(task)
         spread = 0.0
         if method == "measure":
-            times, spreads = {}, {}
+            times, spreads, split = {}, {}, {}
             with _threads(threads):
                 for name, group in groups.items():
                     t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
@@ -207,17 +208,28 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                         runs=repeats, warmup=2, context=context,
                         advance=lambda t=t: bar.advance(t) if bar else None)
                     spreads[name] = (s, total * len(group))
+                    clock = op_clock(torch.device(device).type == "cuda", torch.get_num_threads())
+                    times[name] = scaled_to_block(times[name], measure_block(
+                        group[0].module, group[0].args, group[0].kwargs, runs=repeats, context=context, clock=clock))
+                    if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
+                        per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
+                        split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],
+                                                    chain=min(len(group), per_stage), runs=2 * repeats,
+                                                    context=context)  # a ratio of a few %: more runs
                 used_threads = torch.get_num_threads()
             weight = sum(w for _, w in spreads.values())
             spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
         else:
             times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
+            split = {}
     batch, seq, described = _shapes(inputs)
     parallel = parallel.model_copy(update={"micro_batch_size": batch, "seq_len": seq})
     _check_parallel(path, model, traces, parallel, len(slots))
     blocks = {}
     for name, tr in traces.items():
         blocks[name] = tensor_parallel.shard(to_block(name, tr, times[name]), tr, parallel, hardware)
+        if split.get(name) is not None:
+            blocks[name] = blocks[name].model_copy(update={"split_backward": round(split[name], 4)})
         _check_plannable(blocks[name])
     seen: set[int] = set()
     bpp = bytes_per_param(parallel)

@@ -6,7 +6,8 @@ model of costs.py), attention kernels by FLOPs at the attention efficiency
 is the work of the backward kernels its autograd node ran in the traced backward (see recorder.py), costed alike.
 
 measure: real forward and backward of the block's instances (round robin over the layers of the type), after
-warm-up runs; each kernel is timed between device synchronisations by the recorder, and an op's time is the median
+warm-up runs; each kernel is timed between device synchronisations by the recorder (on a CPU with one thread: by
+this thread's CPU time, recorder.op_clock), and an op's time is the median
 over runs. Backward kernels are charged to the forward op whose autograd node ran them (node pre-hooks). Kernels
 without an op of the traced graph (views, device-specific extra kernels) are charged to the preceding op.
 The spread of a block is the interquartile range over the median of its per-run total (forward + backward); the
@@ -16,16 +17,18 @@ matter little): on a shared machine it says how far to trust the medians.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_map
 
 from .. import costs
 from ..schema import Hardware
 from .recorder import Cost, tensors_in
-from .tracing import BlockTrace, fresh_arguments, run_block
+from .tracing import BlockTrace, fresh_arguments, run_block, split_arguments
 
 Times = dict[str, tuple[float, float]]  # op id -> (forward, backward) seconds
 
@@ -87,28 +90,106 @@ def measure_spread(instances: list[tuple[torch.nn.Module, tuple, dict]], known: 
     return times, (q3 - q1) / middle if middle > 0 else 0.0, middle
 
 
+def _split_backward(outputs: list[torch.Tensor], grads: list[torch.Tensor], inputs: list[torch.Tensor],
+                    params: list[torch.nn.Parameter]) -> None:
+    """The backward as torch.distributed.pipelining splits it in a zero-bubble schedule: input gradients (B, the
+    graph retained), then the weight gradients from the intermediates B captured (W)."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    _, groups = stage_backward_input(outputs, grads, inputs, iter(params))
+    stage_backward_weight(iter(params), groups)
+
+
+def _chain(instances: list[tuple[torch.nn.Module, tuple, dict]], x: torch.Tensor, context: Callable | None) -> object:
+    """The instances called in turn, each on the previous one's output in place of its own block input."""
+    out: object = x
+    for module, args, kwargs in instances:
+        first, _ = split_arguments(args, kwargs)
+        a, k = tree_map(lambda t: out if t is first else t, (args, kwargs))
+        with context() if context is not None else contextlib.nullcontext():
+            out = module(*a, **k)
+    return out
+
+
+def measure_split(instances: list[tuple[torch.nn.Module, tuple, dict]], *, chain: int = 1, runs: int = 5,
+                  warmup: int = 2, context: Callable | None = None) -> float | None:
+    """Median time of the backward split into B and W (as torch.distributed.pipelining runs a zero-bubble schedule)
+    over the median of the whole backward, of `chain` instances called in turn (a stage's worth: what W re-reads
+    grows with the span between B and W, +1-4% for one GPT block, +4-8% for three on a CPU). The two run in turn on
+    the same inputs, so that drift and load fall on both alike; CPU time of this thread on a CPU, wall time between
+    synchronisations on a GPU. None where the split does not apply: no parameters, or a block input that needs no
+    gradient (torch runs such a stage's backward whole, in W). Instances chain only where a block's output is one
+    tensor shaped as its input."""
+    module, args, kwargs = instances[0]
+    params = [p for inst in instances for p in inst[0].parameters() if p.requires_grad]
+    first, _ = split_arguments(args, kwargs)
+    if not params or first is None or not first.is_floating_point():
+        return None
+    with torch.no_grad(), context() if context is not None else contextlib.nullcontext():
+        probe = module(*args, **kwargs)
+    if not (isinstance(probe, torch.Tensor) and probe.shape == first.shape and probe.dtype == first.dtype):
+        chain = 1
+    chained = [instances[i % len(instances)] for i in range(max(1, chain))]
+    params = list({id(p): p for inst in chained for p in inst[0].parameters() if p.requires_grad}.values())
+    device = params[0].device
+    clock = time.thread_time if device.type == "cpu" else time.perf_counter
+    times: dict[str, list[float]] = {"whole": [], "split": []}
+    for i in range(warmup + runs):
+        for kind, into in times.items():
+            x = first.detach().requires_grad_(True)
+            outputs = [t for t in tensors_in(_chain(chained, x, context)) if t.requires_grad]
+            if not outputs:
+                return None
+            # one scalar, as a last stage's loss (torch's B detaches its outputs in place, which a view refuses)
+            loss = sum(t.float().sum() for t in outputs)
+            _synchronize(device)
+            t0 = clock()
+            if kind == "whole":
+                torch.autograd.backward([loss])
+            else:
+                _split_backward([loss], [torch.ones_like(loss)], [x], params)
+            _synchronize(device)
+            if i >= warmup:
+                into.append(clock() - t0)
+            for p in params:
+                p.grad = None
+    return statistics.median(times["split"]) / statistics.median(times["whole"])
+
+
+def scaled_to_block(times: Times, block: tuple[float, float]) -> Times:
+    """Per-op times scaled so that forwards and backwards each sum to the block's uninstrumented time: the recorder
+    gives each op's share, the plain run the total (recording between kernels costs the backward about 3-10% on a
+    CPU: benchmarks/profile_accuracy.py)."""
+    sums = [sum(t[i] for t in times.values()) for i in (0, 1)]
+    scale = [block[i] / sums[i] if sums[i] > 0 and block[i] > 0 else 1.0 for i in (0, 1)]
+    return {op: (f * scale[0], b * scale[1]) for op, (f, b) in times.items()}
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 def measure_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, runs: int = 5,
-                  warmup: int = 2) -> tuple[float, float]:
-    """Median (forward, backward) seconds of the whole block, without any instrumentation."""
+                  warmup: int = 2, context: Callable | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Median (forward, backward) seconds of the whole block, without any instrumentation; `context()` wraps the
+    forward (autocast)."""
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     fwd, bwd = [], []
     for i in range(warmup + runs):
         a, k = fresh_arguments(args, kwargs)
         _synchronize(device)
-        t0 = time.perf_counter()
-        out = module(*a, **k)
+        t0 = clock()
+        with context() if context is not None else contextlib.nullcontext():
+            out = module(*a, **k)
         _synchronize(device)
-        t1 = time.perf_counter()
+        t1 = clock()
         grads_of = [t for t in tensors_in(out) if t.requires_grad]
         if grads_of:
             torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
         _synchronize(device)
-        t2 = time.perf_counter()
+        t2 = clock()
         if i >= warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
