@@ -578,12 +578,14 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
             send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
     # Megatron's blocking p2p (overlap_p2p_comm false): a rank posts its sends and the receives of its next item
     # together when an item ends (`posted`); a transfer starts once both ends have posted, and the sender waits out
-    # its own share. In the interleaved schedule a forward's output leaves with the backward after it, after both.
+    # its own share. A steady-state forward of the interleaved schedule sends its output with the backward after it,
+    # after both.
     blocking = not par.overlap_p2p_comm
     posted = [0.0] * p
     hold = [0.0 if x == 0.0 else sender_s(profile, boundary_bytes(profile, runs[-1].index)) if blocking else 0.0
             for x, runs in zip(send, stage_layers)]
-    paired = blocking and schedules.get(par.schedule).batches_sends
+    pairs = schedules.get(par.schedule).paired_sends if blocking else None
+    paired = [pairs(p, v, r, m) if pairs else frozenset() for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
@@ -620,7 +622,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                         break
                     ready = (max(ready, posted[s]) if blocking else ready) + send[c - 1]
                 if blocking:  # Megatron's blocking p2p: through the rank's methods
-                    pair = paired and c < last and i + 1 < n_order and order[i + 1][0] == "B"
+                    pair = c < last and i in paired[s]
                     if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
                         _, cb, kb = order[i + 1]
                         if cb < last and bwd_end[cb + 1][kb] < 0:

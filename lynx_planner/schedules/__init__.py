@@ -27,16 +27,17 @@ class Schedule:
     torch_class: str  # torch.distributed.pipelining's class running this order
     torchtitan: str  # torchtitan's parallelism.pipeline_parallel_schedule value
     rounds: bool = False  # the micro-batches must split into rounds of at most p (torch's flexible interleaving)
-    # Megatron without --overlap-p2p-communication: a forward's output is sent together with the gradient of the
-    # backward that follows it, after both (its interleaved steady state: send_forward_backward_recv_forward_backward)
-    batches_sends: bool = False
+    # Megatron without --overlap-p2p-communication: (p, v, rank, m) -> the positions in the rank's order of the
+    # forwards whose output is sent together with the gradient of the backward after them, after both (its
+    # interleaved steady state: send_forward_backward_recv_forward_backward); None: every item sends alone
+    paired_sends: Callable[[int, int, int, int], frozenset[int]] | None = None
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b.order, False, (1, 1), "Schedule1F1B", "1F1B"),
     Schedule("gpipe", gpipe.order, False, (1, 1), "ScheduleGPipe", "GPipe"),
     Schedule("interleaved-1f1b", interleaved.order, False, (2, None), "ScheduleInterleaved1F1B", "Interleaved1F1B",
-             rounds=True, batches_sends=True),
+             rounds=True, paired_sends=interleaved.paired_sends),
     Schedule("zero-bubble", zero_bubble.order, True, (1, None), "ScheduleInterleavedZeroBubble",
              "InterleavedZeroBubble", rounds=True),
 )}
