@@ -46,8 +46,8 @@ def group(policies: list[LayerPolicy]) -> list[LayerPolicy]:
     out: list[LayerPolicy] = []
     for p in policies:
         prev = out[-1] if out else None
-        same = prev is not None and prev.layers[1] == p.layers[0] and prev.model_dump(exclude={"layers"}) == \
-            p.model_dump(exclude={"layers"}) and p.recompute_with is None
+        same = prev is not None and prev.layers[1] == p.layers[0] and p.recompute_with is None and all(
+            getattr(prev, f) == getattr(p, f) for f in LayerPolicy.model_fields if f != "layers")  # (no model_dump: hot)
         if same:
             out[-1] = prev.model_copy(update={"layers": (prev.layers[0], p.layers[1])})
         else:

@@ -71,6 +71,7 @@ def legal_placements(kind: str, p: int, s: int, m: int, v: int = 1) -> tuple[str
     return tuple(legal)
 
 
+@lru_cache(maxsize=4096)  # read per stage by every search's stage model
 def prev_forward_share(kind: str, p: int, s: int, m: int, v: int = 1) -> float:
     """The fraction of micro-batches whose prev_forward recomputation fires on virtual stage s (the others run on
     demand)."""

@@ -25,7 +25,8 @@ import bisect
 import heapq
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, compress, islice
+from operator import ne
 
 from . import costs, placements, policy, schedules
 from .memo import per_object
@@ -231,6 +232,62 @@ class _Chunk:
         self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
                               r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes))
                              for l, r in reversed(list(enumerate(runs)))]
+        # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
+        # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
+        self.local = not self.straight and not self.by_at["prev_forward"]
+        self.first_released = [(l, runs[l]) for l in
+                               sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
+        # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
+        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds)
+        self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
+                           r.bwd_input if split else r.bwd, sums[l], straight[-1])
+                          for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
+
+
+class _Memory:
+    """A rank's activation-memory timeline: (time, bytes allocated or freed) events, as two lists (cheaper to append
+    and to scan than pairs)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.deltas: list[int] = []
+
+    def note(self, t: float, delta: int) -> None:
+        self.times.append(t)
+        self.deltas.append(delta)
+
+    def peak(self) -> int:
+        """The highest sum of the events in time order, frees before allocations at equal times."""
+        times, deltas = self.times, self.deltas
+        if times != sorted(times):  # a side-stream start can lie an ulp past the compute stream's clock: sort all
+            return max(0, max(accumulate(d for _, d in sorted(zip(times, deltas))), default=0))
+        # In time order, the sum over a run of equal times, frees first, is lowest inside the run and highest at one of
+        # its ends: the peak is the highest sum at the end of a run.
+        sums = list(accumulate(deltas))
+        ends = compress(sums, map(ne, times, islice(times, 1, None)))
+        return max(0, max(ends, default=0), sums[-1] if sums else 0)
+
+
+def _serve(queue: list[list], mem: _Memory, t: float, until: float, gamma: float, hidden: float
+           ) -> tuple[float, float]:
+    """_Stage.idle on a local queue of [seconds left, bytes, started, layer] tasks: the side stream works from t until
+    `until`; returns (the compute stream's time, hidden seconds)."""
+    cur = t
+    cap = (until - cur) / gamma
+    while cap > EPS and queue:
+        task = queue[0]
+        if not task[2]:
+            task[2] = True
+            mem.times.append(cur)
+            mem.deltas.append(task[1])
+        work = task[0] if task[0] < cap else cap
+        task[0] -= work
+        cap -= work
+        hidden += work
+        cur += work * gamma
+        if task[0] <= EPS:
+            queue.pop(0)
+    return (until if until > t else t), hidden
 
 
 class _Stage:
@@ -245,9 +302,11 @@ class _Stage:
         self.t = 0.0
         self.queue: list[_Task] = []
         self.tasks: dict[tuple[int, int, int], _Task] = {}
-        self.mem: list[tuple[float, int]] = []
+        self.mem = _Memory()
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
+        # no forward ever queues work here: no trace to draw, no prev_forward recomputation on this rank
+        self.plain_forward = trace is None and not any(ch.by_at["prev_forward"] for ch in self.chunks.values())
 
     def _event(self, stream: str, name: str, start: float, dur: float) -> None:
         if self.trace is not None and dur > 0:
@@ -279,7 +338,7 @@ class _Stage:
             task = self.queue[0]
             if not task.started:
                 task.started = True
-                self.mem.append((cur, task.nbytes))
+                self.mem.note(cur, task.nbytes)
             work = min(task.rem, cap)
             task.rem -= work
             cap -= work
@@ -312,7 +371,7 @@ class _Stage:
 
     def _expose(self, k: int, index: int, work: float, nbytes: int, started: bool) -> None:
         if not started:
-            self.mem.append((self.t, nbytes))
+            self.mem.note(self.t, nbytes)
         if work > 0:
             if self.trace is not None:
                 self._event("compute", f"R mb{k} L{index} (exposed)", self.t, work)
@@ -326,11 +385,12 @@ class _Stage:
         ch = self.chunks[c]
         if self.trace is None and not self.queue and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
-            t, busy, mem = ready if ready > self.t else self.t, self.busy, self.mem
+            t, busy, times, deltas = ready if ready > self.t else self.t, self.busy, self.mem.times, self.mem.deltas
             for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
                 busy += dt_busy
                 t += dt
-                mem.append((t, kept))
+                times.append(t)
+                deltas.append(kept)
             self.t, self.busy = t, busy
             return
         self.idle(ready)
@@ -340,13 +400,10 @@ class _Stage:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
         for l, r in enumerate(ch.runs):
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
-            self.mem.append((self.t, r.kept_bytes))
+            self.mem.note(self.t, r.kept_bytes)
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
-        if ch.straight and self.trace is None and not self.queue:
-            self._backward_straight(ch, ready)
-            return
         n = len(ch.runs)
         action = ("B", k)
         for l in ch.by_at["grad_wait"]:
@@ -376,29 +433,74 @@ class _Stage:
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
             self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self.mem.append((self.t, r.wgrad_bytes))
+                self.mem.note(self.t, r.wgrad_bytes)
             else:
-                self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
+                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes))
 
-    def _backward_straight(self, ch: _Chunk, ready: float) -> None:
-        """B of a chunk whose recomputation all runs on demand, with nothing queued: backward()'s additions in its
-        order, without its bookkeeping."""
-        t = self.t
+    def backward_local(self, ch: _Chunk, ready: float) -> None:
+        """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
+        on demand, with nothing queued before it: backward()'s additions in its order, its tasks ([seconds left,
+        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
+        gamma, mem = self.gamma, self.mem
+        note_t, note_d = mem.times.append, mem.deltas.append
+        t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
+        queue, pending = [], {}
+        for l, r in ch.first_released:
+            pending[l] = task = [r.rec_s, r.rec_bytes, False, l]
+            queue.append(task)
         wait = ready - t if ready - t > 0.0 else 0.0
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
-        t, busy, exposed, mem = ready if ready > t else t, self.busy, self.exposed, self.mem
-        for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
-            if rec_bytes is not None:  # exposed recomputation, as _expose
-                mem.append((t, rec_bytes))
-                if rec_s > 0:
-                    t += rec_s
-                    busy += rec_s
-                    exposed += rec_s
-            busy += dt_busy
-            t += dt
-            mem.append((t, freed))
-        self.t, self.busy, self.exposed = t, busy, exposed
+        if queue:  # the wait for the gradient, as idle()
+            t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
+        else:
+            t = ready if ready > t else t
+        for l, below, uniform, recomputes, r, segs, sums, freed in ch.bwd_local:
+            if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
+                task = [below.rec_s, below.rec_bytes, False, l - 1]
+                pending[l - 1] = task
+                i = 0
+                while i < len(queue) and queue[i][3] > l - 1:
+                    i += 1
+                queue.insert(i, task)
+            for u in uniform:  # as _expose: never started
+                note_t(t)
+                note_d(u.rec_bytes)
+                if u.rec_s > 0:
+                    t += u.rec_s
+                    busy += u.rec_s
+                    exposed += u.rec_s
+            if recomputes:
+                task = pending.pop(l, None)
+                if task is None:  # on demand
+                    work, nbytes, started = r.rec_s, r.rec_bytes, False
+                else:
+                    if queue and queue[0] is task:  # not done yet: the highest layer queued
+                        queue.pop(0)
+                    work, nbytes, started = task[0], task[1], task[2]
+                if not started:
+                    note_t(t)
+                    note_d(nbytes)
+                if work > 0:
+                    t += work
+                    busy += work
+                    exposed += work
+            if not queue:  # as _segments with nothing queued
+                busy += sums[0]
+                t += sums[0] + sums[1]
+            else:
+                for i, dt in enumerate(segs):
+                    if i % 2 == 0:
+                        t += dt
+                        busy += dt
+                    elif dt > 0:
+                        if queue:
+                            t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden)
+                        else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
+                            t += dt
+            note_t(t)
+            note_d(freed)
+        self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
 
     def weight(self, c: int, k: int) -> None:
         """W(c, k): every layer's weight gradients, top down; then its graph is freed."""
@@ -406,11 +508,10 @@ class _Stage:
             self._event("compute", f"W mb{k} L{r.index}", self.t, r.wgrad_s)
             self.t += r.wgrad_s
             self.busy += r.wgrad_s
-            self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes)))
+            self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes + r.wgrad_bytes))
 
     def activation_peak(self) -> int:
-        # frees before allocations at equal times
-        return max(0, max(accumulate(delta for _, delta in sorted(self.mem)), default=0))
+        return self.mem.peak()
 
 
 def boundary_bytes(profile: Profile, layer: int) -> int:
@@ -477,12 +578,14 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
             send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
     # Megatron's blocking p2p (overlap_p2p_comm false): a rank posts its sends and the receives of its next item
     # together when an item ends (`posted`); a transfer starts once both ends have posted, and the sender waits out
-    # its own share. In the interleaved schedule a forward's output leaves with the backward after it, after both.
+    # its own share. A steady-state forward of the interleaved schedule sends its output with the backward after it,
+    # after both.
     blocking = not par.overlap_p2p_comm
     posted = [0.0] * p
     hold = [0.0 if x == 0.0 else sender_s(profile, boundary_bytes(profile, runs[-1].index)) if blocking else 0.0
             for x, runs in zip(send, stage_layers)]
-    paired = blocking and schedules.get(par.schedule).batches_sends
+    pairs = schedules.get(par.schedule).paired_sends if blocking else None
+    paired = [pairs(p, v, r, m) if pairs else frozenset() for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
     ptr = [0] * p
@@ -496,61 +599,115 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     queued = [True] * p
     up = [schedules.rank_of(p, c + 1) for c in range(n_chunks)]  # the rank an item's end may unblock
     down = [schedules.rank_of(p, c - 1) for c in range(n_chunks)]
+    # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited tens of thousands of times).
+    visit = [(st, order, fired, len(order), st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
+              st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
     while now:
         s = heapq.heappop(now)
         queued[s] = False
-        st, (order, _, fired) = stages[s], tables[s]
+        st, order, fired, n_order, chunks, plain_f, plain_b, waits, note_t, note_d = visit[s]
+        # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
+        # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
+        # items go through the rank's methods, the copies synchronised around them.
+        t, busy, exposed = st.t, st.busy, st.exposed
         i = ptr[s]
-        while i < len(order):
+        while i < n_order:
             kind, c, k = order[i]
             if kind == "F":
                 if c == 0:
                     ready = 0.0
-                elif fwd_end[c - 1][k] >= 0:
-                    ready = (max(fwd_end[c - 1][k], posted[s]) if blocking else fwd_end[c - 1][k]) + send[c - 1]
                 else:
-                    break
-                pair = paired and c < last and i + 1 < len(order) and order[i + 1][0] == "B"
-                if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
-                    _, cb, kb = order[i + 1]
-                    if cb < last and bwd_end[cb + 1][kb] < 0:
+                    ready = fwd_end[c - 1][k]
+                    if ready < 0:
                         break
-                    ready = max(ready, max(bwd_end[cb + 1][kb], posted[s]) + send[cb] if cb < last else 0.0)
-                st.forward(c, k, ready, fired[i])
-                if pair:
-                    st.backward(cb, kb, fwd_end[cb][kb] if cb == last else st.t)
-                    bwd_end[cb][kb] = fwd_end[c][k] = posted[s] = st.t
-                    st.idle(st.t + max(hold[c], hold[cb - 1] if cb > 0 else 0.0))
-                    if cb > 0 and not queued[r := down[cb]] and r != s:
-                        queued[r] = True
-                        heapq.heappush(now, r) if r > s else later.append(r)
-                    i += 1
-                elif blocking:
-                    fwd_end[c][k] = posted[s] = st.t
-                    if c < last:
-                        st.idle(st.t + hold[c])
+                    ready = (max(ready, posted[s]) if blocking else ready) + send[c - 1]
+                if blocking:  # Megatron's blocking p2p: through the rank's methods
+                    pair = c < last and i in paired[s]
+                    if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
+                        _, cb, kb = order[i + 1]
+                        if cb < last and bwd_end[cb + 1][kb] < 0:
+                            break
+                        ready = max(ready, max(bwd_end[cb + 1][kb], posted[s]) + send[cb] if cb < last else 0.0)
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    st.forward(c, k, ready, fired[i])
+                    if pair:
+                        st.backward(cb, kb, fwd_end[cb][kb] if cb == last else st.t)
+                        bwd_end[cb][kb] = fwd_end[c][k] = posted[s] = st.t
+                        st.idle(st.t + max(hold[c], hold[cb - 1] if cb > 0 else 0.0))
+                        if cb > 0 and not queued[r := down[cb]] and r != s:
+                            queued[r] = True
+                            heapq.heappush(now, r) if r > s else later.append(r)
+                        i += 1
+                    else:
+                        fwd_end[c][k] = posted[s] = st.t
+                        if c < last:
+                            st.idle(st.t + hold[c])
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                elif plain_f and not st.queue:  # as _Stage.forward with nothing to queue
+                    t = ready if ready > t else t
+                    for dt_busy, dt, kept in chunks[c].fwd_straight:
+                        busy += dt_busy
+                        t += dt
+                        note_t(t)
+                        note_d(kept)
+                    fwd_end[c][k] = t
                 else:
-                    fwd_end[c][k] = st.t
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    st.forward(c, k, ready, fired[i])
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                    fwd_end[c][k] = t
                 if c < last and not queued[r := up[c]] and r != s:  # wake the next chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
             elif kind == "B":
                 if c == last:
                     ready = fwd_end[c][k]
-                elif bwd_end[c + 1][k] >= 0:
-                    ready = (max(bwd_end[c + 1][k], posted[s]) if blocking else bwd_end[c + 1][k]) + send[c]
                 else:
-                    break
-                st.backward(c, k, ready)
-                bwd_end[c][k] = posted[s] = st.t
-                if blocking and c > 0:
-                    st.idle(st.t + hold[c - 1])
+                    ready = bwd_end[c + 1][k]
+                    if ready < 0:
+                        break
+                    ready = (max(ready, posted[s]) if blocking else ready) + send[c]
+                ch = chunks[c]
+                if ch.straight and plain_b and not st.queue:  # recomputation all on demand: backward()'s additions
+                    wait = ready - t if ready - t > 0.0 else 0.0
+                    waits.append(wait)
+                    ch.grad_waits.append(wait)
+                    t = ready if ready > t else t
+                    for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
+                        if rec_bytes is not None:  # exposed recomputation, as _expose
+                            note_t(t)
+                            note_d(rec_bytes)
+                            if rec_s > 0:
+                                t += rec_s
+                                busy += rec_s
+                                exposed += rec_s
+                        busy += dt_busy
+                        t += dt
+                        note_t(t)
+                        note_d(freed)
+                else:
+                    st.t, st.busy, st.exposed = t, busy, exposed
+                    if ch.local and plain_b and not st.queue:  # released in this backward, served in it
+                        st.backward_local(ch, ready)
+                    else:
+                        st.backward(c, k, ready)
+                    t, busy, exposed = st.t, st.busy, st.exposed
+                bwd_end[c][k] = t
+                if blocking:  # the rank posts its sends; the sender waits out its share
+                    posted[s] = t
+                    if c > 0:
+                        st.t, st.busy, st.exposed = t, busy, exposed
+                        st.idle(t + hold[c - 1])
+                        t = st.t
                 if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
                     queued[r] = True
                     heapq.heappush(now, r) if r > s else later.append(r)
-            else:
-                st.weight(c, k)  # W follows its own B on the same rank
+            else:  # W follows its own B on the same rank
+                st.t, st.busy, st.exposed = t, busy, exposed
+                st.weight(c, k)
+                t, busy, exposed = st.t, st.busy, st.exposed
             i += 1
+        st.t, st.busy, st.exposed = t, busy, exposed
         remaining -= i - ptr[s]
         ptr[s] = i
         if not now:
@@ -562,7 +719,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]
     reduce_gradients(profile, rank_runs, results, events)
     return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],
-                     memory=[st.mem for st in stages] if trace else [],
+                     memory=[list(zip(st.mem.times, st.mem.deltas)) for st in stages] if trace else [],
                      chunk_grad_waits_s=[stages[schedules.rank_of(p, c)].chunks[c].grad_waits for c in range(n_chunks)])
 
 

@@ -309,12 +309,35 @@ def test_blocking_interleaved_sends_a_forward_with_the_backward_after_it():
     paired = 0
     for r in range(2):
         order = schedules.order(par.schedule, 2, 2, r, 4)
-        for (a, c, k), (b, cb, kb) in zip(order, order[1:]):
+        for i, ((a, c, k), (b, cb, kb)) in enumerate(zip(order, order[1:])):
+            assert (i in schedules.interleaved.paired_sends(2, 2, r, 4)) == (a == "F" and b == "B")  # steady state
             if a == "F" and b == "B" and c < 3:
                 paired += 1
                 recv = ((c + 1) % 2, f"F mb{k} L{c + 1}")
                 assert start[recv] >= end[(r, f"B mb{kb} L{cb}")] - 1e-6  # not before the paired backward ends
     assert paired > 0
+
+
+@pytest.mark.parametrize("p, v", [(3, 2), (3, 3), (4, 2)])
+def test_blocking_interleaved_with_every_forward_in_warm_up_sends_them_alone(p, v):
+    """m = p: every forward of rank 0 is warm-up (Megatron's all_warmup_microbatches), so none waits for a backward;
+    pairing its last forward with the first backward, whose gradient needs that very output, deadlocked."""
+    from lynx_planner import schedules
+    from lynx_planner.schedules import interleaved
+
+    hw = A100.model_copy(update={"intra_node_bus_bytes_per_s": 100e9, "intra_node_latency_s": 0.0})
+    par = ParallelConfig(pp=p, num_microbatches=p, schedule="interleaved-1f1b", virtual_stages=v)
+    prof = _two_stage(par, hw, layers=p * v)
+    assert interleaved.warmup(p, v, 0, p) == p * v and not interleaved.paired_sends(p, v, 0, p)
+    order = schedules.order(par.schedule, p, v, 0, p)
+    assert [a for a, _, _ in order[p * v - 1:p * v + 1]] == ["F", "B"]  # adjacent, yet not a steady-state pair
+
+    def chunked(profile: Profile) -> float:  # one layer per chunk
+        pols = [ev.none_policy(profile, i) for i in range(p * v)]
+        plans = ev.stage_plans(profile, list(range(p * v + 1)), pols)
+        return ev.evaluate(profile, plans).predicted.iteration_time_s
+
+    assert chunked(_blocking(prof)) >= chunked(prof)
 
 
 def test_sixteen_bit_gradients_halve_the_reduction_and_add_the_fp16_step_passes():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from conftest import small_profile
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_reference import simulate as reference
@@ -24,7 +25,7 @@ def base(tp: int, sp: bool) -> Profile:
 
 
 @st.composite
-def cases(draw):
+def cases(draw, placements=PLACEMENTS, trace=None):
     schedule = draw(st.sampled_from(schedules.NAMES))
     p = draw(st.integers(1, 4))
     v = draw(st.integers(*{"interleaved-1f1b": (2, 3), "zero-bubble": (1, 2)}.get(schedule, (1, 1))))
@@ -45,7 +46,7 @@ def cases(draw):
         info = policy.analyse(prof.blocks[layer.block])
         units = sorted(info.units)
         keep = frozenset(u for u in units if draw(st.booleans())) if units else frozenset()
-        pols.append(ev.layer_policy(prof, i, keep, None, draw(st.sampled_from(PLACEMENTS))))
+        pols.append(ev.layer_policy(prof, i, keep, None, draw(st.sampled_from(placements))))
     # now and then a uniform chunk (Megatron's): two neighbouring layers of one block in one stage, the upper one
     # recomputing both
     s = draw(st.integers(0, chunks - 1))
@@ -54,7 +55,7 @@ def cases(draw):
         for i in (end - 2, end - 1):
             info = policy.analyse(prof.blocks[prof.layers[i].block])
             pols[i] = ev.layer_policy(prof, i, frozenset(), policy.full_recompute(info), recompute_with=end - 1)
-    return prof, bounds, pols, draw(st.booleans())
+    return prof, bounds, pols, draw(st.booleans()) if trace is None else trace
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -69,6 +70,41 @@ def test_fast_simulator_matches_the_reference(case):
     assert fast.trace == slow.trace
     assert fast.releases == slow.releases
     assert fast.memory == slow.memory
+
+
+import sim_reference  # noqa: E402
+
+
+def memory_timelines(stage_class, events):
+    """Patch `stage_class.activation_peak` to also record each rank's memory events (fast: without a trace too)."""
+    seen: list[list[tuple[float, int]]] = []
+    peak = stage_class.activation_peak
+
+    def record(self):
+        seen.append(events(self))
+        return peak(self)
+
+    return seen, record
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases(("on_demand", "layer_above", "grad_wait"), trace=False))
+def test_backwards_on_a_local_queue_match_the_reference(case):
+    """Chunks whose recomputation is released in their own backward (gradient wait, layer_above) take the local-queue
+    path when nothing else is queued: every result and the whole memory timeline (which only the peak shows without a
+    trace) as the reference's."""
+    prof, bounds, pols, _ = case
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    fast_seen, fast_record = memory_timelines(simulator._Stage, lambda st: list(zip(st.mem.times, st.mem.deltas)))
+    slow_seen, slow_record = memory_timelines(sim_reference._Stage, lambda st: list(st.mem))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simulator._Stage, "activation_peak", fast_record)
+        mp.setattr(sim_reference._Stage, "activation_peak", slow_record)
+        fast, slow = simulator.simulate(prof, runs), reference(prof, runs)
+    assert fast.iteration_time_s == slow.iteration_time_s
+    assert [vars(x) for x in fast.stages] == [vars(x) for x in slow.stages]
+    assert fast.chunk_grad_waits_s == slow.chunk_grad_waits_s
+    assert fast_seen == slow_seen
 
 
 def test_a_deep_pipeline_matches_the_reference():
@@ -103,3 +139,26 @@ def test_shared_simulations_are_what_fresh_ones_give():
     runs = [simulator.stage_runs(prof, bounds[s], bounds[s + 1], nones) for s in range(len(bounds) - 1)]
     assert fresh.predicted.ideal_iteration_time_s == reference(prof, runs).iteration_time_s
     assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s
+
+
+def sorted_peak(events: list[tuple[float, int]]) -> int:
+    """The peak as defined: events in time order, frees before allocations at equal times."""
+    run = peak = 0
+    for _, delta in sorted(events):
+        run += delta
+        peak = max(peak, run)
+    return peak
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from((0.0, 0.5, 1.0, 1.0 + 2 ** -52, 2.0)), st.integers(-50, 50)), max_size=12),
+       st.booleans())
+def test_memory_peak_is_the_peak_in_time_order(events, in_order):
+    """_Memory.peak scans events appended in time order (ties in any order) without sorting them, and sorts those
+    that are not (a side-stream start an ulp past the clock)."""
+    if in_order:
+        events = sorted(events, key=lambda e: e[0])  # times in order, equal times in the order they came
+    mem = simulator._Memory()
+    for t, delta in events:
+        mem.note(t, delta)
+    assert mem.peak() == sorted_peak(events)

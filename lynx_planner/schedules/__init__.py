@@ -27,16 +27,17 @@ class Schedule:
     torch_class: str  # torch.distributed.pipelining's class running this order
     torchtitan: str  # torchtitan's parallelism.pipeline_parallel_schedule value
     rounds: bool = False  # the micro-batches must split into rounds of at most p (torch's flexible interleaving)
-    # Megatron without --overlap-p2p-communication: a forward's output is sent together with the gradient of the
-    # backward that follows it, after both (its interleaved steady state: send_forward_backward_recv_forward_backward)
-    batches_sends: bool = False
+    # Megatron without --overlap-p2p-communication: (p, v, rank, m) -> the positions in the rank's order of the
+    # forwards whose output is sent together with the gradient of the backward after them, after both (its
+    # interleaved steady state: send_forward_backward_recv_forward_backward); None: every item sends alone
+    paired_sends: Callable[[int, int, int, int], frozenset[int]] | None = None
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("1f1b", one_f_one_b.order, False, (1, 1), "Schedule1F1B", "1F1B"),
     Schedule("gpipe", gpipe.order, False, (1, 1), "ScheduleGPipe", "GPipe"),
     Schedule("interleaved-1f1b", interleaved.order, False, (2, None), "ScheduleInterleaved1F1B", "Interleaved1F1B",
-             rounds=True, batches_sends=True),
+             rounds=True, paired_sends=interleaved.paired_sends),
     Schedule("zero-bubble", zero_bubble.order, True, (1, None), "ScheduleInterleavedZeroBubble",
              "InterleavedZeroBubble", rounds=True),
 )}
@@ -78,11 +79,13 @@ def order(name: str, p: int, v: int, rank: int, m: int) -> tuple[Item, ...]:
 def awaiting_weight_pass(name: str, p: int, v: int, chunk: int, m: int) -> int:
     """The most micro-batches whose B chunk has run and whose W has not (0 unless the backward is split): their graphs,
     kept and recomputed tensors included, are held meanwhile."""
+    if not SCHEDULES[name].splits_backward:
+        return 0
     held = most = 0
     for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
-        if c == chunk:
-            held += {"B": 1, "W": -1}.get(kind, 0) if SCHEDULES[name].splits_backward else 0
-            most = max(most, held)
+        if c == chunk and kind != "F":
+            held += 1 if kind == "B" else -1
+            most = held if held > most else most
     return most
 
 
@@ -91,8 +94,8 @@ def in_flight(name: str, p: int, v: int, chunk: int, m: int) -> int:
     """The most micro-batches whose forward chunk has run and whose backward (B) has not: those whose activations it
     holds at once."""
     held = most = 0
-    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
-        if c == chunk:
-            held += {"F": 1, "B": -1}.get(kind, 0)
-            most = max(most, held)
+    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):  # (plain branches: a deep pipeline has 10^4 items)
+        if c == chunk and kind != "W":
+            held += 1 if kind == "F" else -1
+            most = held if held > most else most
     return most

@@ -31,9 +31,22 @@ def looped(p: int, v: int, rank: int, m: int) -> tuple[list, list]:
     return forwards, backwards
 
 
+def warmup(p: int, v: int, rank: int, m: int) -> int:
+    """Forwards the rank runs before its first backward's turn (Megatron's num_warmup_microbatches)."""
+    return min((v - 1) * rounds(p, m) + 2 * (p - 1 - rank), m * v)
+
+
+def paired_sends(p: int, v: int, rank: int, m: int) -> frozenset[int]:
+    """Positions in `order` of the steady state's forwards: Megatron's blocking p2p sends each one's output with the
+    gradient of the backward after it. Warm-up forwards send alone, also the last one when every forward is warm-up
+    (its all_warmup_microbatches: the backwards that follow wait for that output's round trip)."""
+    warm = warmup(p, v, rank, m)
+    return frozenset(warm + 2 * i for i in range(m * v - warm))
+
+
 def order(p: int, v: int, rank: int, m: int) -> tuple[tuple[str, int, int], ...]:
     total = m * v
-    warm = min((v - 1) * rounds(p, m) + 2 * (p - 1 - rank), total)
+    warm = warmup(p, v, rank, m)
     forwards, backwards = looped(p, v, rank, m)
     items = forwards[:warm]
     for i in range(total - warm):

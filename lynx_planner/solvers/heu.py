@@ -17,9 +17,11 @@ simulation measured, and the final choice is simulated on the full pipeline.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import evaluate as ev
 from .. import schedules
@@ -41,7 +43,7 @@ from .stage_model import (
 )
 
 
-@dataclass(frozen=True, eq=False)  # compared by identity: every option comes from one frontier
+@dataclass(eq=False, slots=True)  # by identity: every option comes from one frontier (not frozen: cheaper)
 class Option:
     cand: Candidate
     at: str  # on_demand | layer_above | pool (grad_wait or prev_forward, chosen per stage by pool_placements)
@@ -59,21 +61,27 @@ SHORT_STEADY = 9  # steady-state micro-batches past the warm-up that a deep pipe
 FULL_JUDGE_ACTIONS = 4096  # p * M up to which every contender is also judged on the full-length pipeline
 
 
-def _options(model: StageModel, slot, cands: tuple[Candidate, ...], placements: tuple[str, ...],
-             pool_price: float | None = None) -> list[Option]:
-    """Each candidate at its best allowed placement (and pooled, if the regime prices pools), reduced to the
-    (memory, exposure) Pareto frontier."""
-    if pool_price is not None and slot.top:
-        placements = ("on_demand",)  # the top layer's window above is the gradient wait: a pool here
-    points = []  # (memory, exposure, placement, candidate)
+def _placed(slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> list[tuple[Candidate, str, float]]:
+    """Each candidate at its best allowed placement: (candidate, placement, exposure per micro-batch)."""
+    placed = []
     for c in cands:
         best = None
         for at in placements:
             e = exposure(slot, c, at)
             if e is not None and (best is None or e < best[1]):
                 best = (at, e)
+        placed.append((c, best[0], best[1]))
+    return placed
+
+
+def _options(model: StageModel, slot, placed: list[tuple[Candidate, str, float]], pool_price: float | None = None
+             ) -> list[Option]:
+    """The candidates at their best placements (`placed`; pooled too, if the regime prices pools), reduced to the
+    (memory, exposure) Pareto frontier."""
+    points = []  # (memory, exposure, placement, candidate)
+    for c, at, e in placed:
         held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
-        points.append((held, best[1], best[0], c))
+        points.append((held, e, at, c))
         if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
             points.append((held + c.rec_bytes, pool_price * c.rec_s, "pool", c))
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
@@ -106,18 +114,44 @@ class HullCache:
 
     placements: tuple[str, ...] = LYNX_PLACEMENTS
     pool_price: float | None = None  # None: no pooled placements
-    table: dict = field(default_factory=dict)
+    table: dict = field(default_factory=dict)  # frontiers
+    hulls: dict = field(default_factory=dict)
     solved: dict = field(default_factory=dict)  # knapsack solutions per stage model
+    placed: dict = field(default_factory=dict)  # _placed per (block, window above, top): the same at every depth
+    # Without pools and deferred weight passes, an option's memory is the in-flight count times its kept bytes: the
+    # frontier's order and choices are the same at every in-flight count, found once per (block, window, top).
+    scaled: dict = field(default_factory=dict)
 
 
-def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> tuple[list[Option], list[Option]]:
-    """(frontier, hull) of the class of slot j."""
+def _class_key(model: StageModel, j: int) -> tuple:
     slot = model.slots[j]
-    key = (slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top)
+    return slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top
+
+
+def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
+    """The option frontier of the class of slot j."""
+    key = _class_key(model, j)
     if key not in cache.table:
-        frontier = _options(model, slot, candidates_of(profile, slot.block), cache.placements, cache.pool_price)
-        cache.table[key] = (frontier, _hull(frontier))
+        slot = model.slots[j]
+        where = (slot.block, slot.above_s, slot.top)
+        if where not in cache.placed:
+            placements = ("on_demand",) if cache.pool_price is not None and slot.top else cache.placements
+            cache.placed[where] = _placed(slot, candidates_of(profile, slot.block), placements)  # top: a pool above
+        if cache.pool_price is None and model.awaiting_w == 0 and model.in_flight > 0:
+            if where not in cache.scaled:
+                cache.scaled[where] = _options(replace(model, in_flight=1), slot, cache.placed[where])
+            cache.table[key] = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
+        else:
+            cache.table[key] = _options(model, slot, cache.placed[where], cache.pool_price)
     return cache.table[key]
+
+
+def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
+    """The convex hull of that frontier (only the greedy reads it: found when first asked)."""
+    key = _class_key(model, j)
+    if key not in cache.hulls:
+        cache.hulls[key] = _hull(_class_options(profile, model, j, cache))
+    return cache.hulls[key]
 
 
 def _reserve(options: list[Option], tops: list[bool]) -> int:
@@ -183,7 +217,7 @@ def _greedy(profile: Profile, model: StageModel, cache: HullCache, fill: bool = 
     classes: dict[tuple, list[int]] = {}
     for j, slot in enumerate(model.slots):
         classes.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
-    hulls = [_class_options(profile, model, js[0], cache)[1] for js in classes.values()]
+    hulls = [_class_hull(profile, model, js[0], cache) for js in classes.values()]
     levels = [[0] * len(js) for js in classes.values()]  # each layer's position on its class's hull
     slot_of = [j for js in classes.values() for j in js]
     tops = [model.slots[j].top for j in slot_of]
@@ -242,7 +276,7 @@ def _near_bytes(o: Option) -> int:
 def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tuple[list[Option], float] | None:
     if model.budget <= 0:
         return None
-    fronts = [_class_options(profile, model, j, cache)[0] for j in range(len(model.slots))]
+    fronts = [_class_options(profile, model, j, cache) for j in range(len(model.slots))]
     easy = [f[-1] for f in fronts]  # each slot's least exposure: if they fit together, that is the optimum
     if sum(o.mem for o in easy) + _reserve(easy, [sl.top for sl in model.slots]) <= model.budget:
         return easy, stage_estimate(model, easy)
@@ -270,17 +304,17 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             # options rounding to the same memory are interchangeable but for exposure: keep the best of each
             by_units: dict[int, int] = {}
             for i, o in enumerate(fronts[j]):
-                k = int(np.ceil((o.mem - base[j]) / unit))
+                k = math.ceil((o.mem - base[j]) / unit)
                 if k < r and (k not in by_units or o.exposed_s < fronts[j][by_units[k]].exposed_s):
                     by_units[k] = i
             if not by_units:
                 return None  # no option of this layer fits the stage's whole budget
-            units = np.array(list(by_units), dtype=np.int64)
-            src = r + np.arange(r)[None, :] - units[:, None]  # the dp entry each option builds on
+            starts = r - np.array(list(by_units), dtype=np.int64)  # where the dp entries each option builds on start
             exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()], dtype=np.float32)[:, None]
-            transitions[key] = (src, exposed, list(by_units.values()))
-        src, exposed, option = transitions[key]
-        table = dp[src] + exposed
+            transitions[key] = (starts, exposed, list(by_units.values()))
+        starts, exposed, option = transitions[key]
+        table = sliding_window_view(dp, r)[starts]  # row i: dp[r + b - units_i] for every b (copied whole rows)
+        table += exposed
         dp[r:] = table.min(axis=0)
         tables.append((table, option))
     dp = dp[r:]
@@ -300,7 +334,7 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     for j, (table, option) in zip(reversed(below), reversed(tables)):
         o = fronts[j][option[int(table[:, b].argmin())]]
         chosen[j] = o
-        b -= int(np.ceil((o.mem - base[j]) / unit))
+        b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
 
 
@@ -332,7 +366,7 @@ def _fill(profile: Profile, model: StageModel, cache: HullCache, chosen: list[Op
         if left <= 0:
             return
         cur = best = chosen[i]
-        for o in _class_options(profile, model, j, cache)[0]:
+        for o in _class_options(profile, model, j, cache):
             if o.mem - cur.mem <= left and (o.exposed_s, o.cand.rec_s) < (best.exposed_s, best.cand.rec_s):
                 chosen[i] = o
                 if used - cur.mem + o.mem + _reserve(chosen, tops) <= model.budget:
@@ -371,10 +405,13 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     blocks = [l.block for l in profile.layers]
     by_structure: dict[tuple, float] = {}
     flight = [in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages) for s in range(p)]
+    longest = max(2, 2 * -(-n // p))  # at most twice the even share
+    names: dict[tuple[str, ...], int] = {}  # a number per sequence of block types: the DP asks p times per stage
+    seq = [[names.setdefault(tuple(blocks[i:i + w]), len(names)) for w in range(longest + 1)] for i in range(n)]
 
     def stage_time(s: int, first: int, end: int) -> float:
         # Stages with the same layers, in-flight count and position at the end share one solution.
-        key = (flight[s], tuple(blocks[first:end]), end == n, first == 0)
+        key = (flight[s], seq[first][end - first], end == n, first == 0)
         if key not in by_structure:
             model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
                                 p2p_wait_s(profile, first, end))
@@ -382,7 +419,7 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
             by_structure[key] = float("inf") if solved is None else solved[1]
         return by_structure[key]
 
-    bounds, _ = best_bounds(n, p, stage_time, longest=max(2, 2 * -(-n // p)))  # at most twice the even share
+    bounds, _ = best_bounds(n, p, stage_time, longest=longest)
     return bounds
 
 
@@ -450,7 +487,7 @@ def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option],
     memory per second of exposure added."""
     best = None
     for j, o in enumerate(opts):
-        frontier = next(f for f in (_class_options(profile, model, j, c)[0] for c in caches) if o in f)
+        frontier = next(f for f in (_class_options(profile, model, j, c) for c in caches) if o in f)
         i = frontier.index(o)
         if i > 0:
             lower = frontier[i - 1]
@@ -534,7 +571,7 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
         bounds = splits[-1]
         limits = chunk_limits(profile, bounds, limit)
         models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
-        chosen = [[_class_options(profile, m, j, caches[-1])[0][0] for j in range(len(m.slots))] for m in models]
+        chosen = [[_class_options(profile, m, j, caches[-1])[0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
     # The contenders are judged on the full pipeline: the shortened one over-weights the warm-up and cool-down, and

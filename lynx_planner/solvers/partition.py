@@ -18,7 +18,8 @@ def repeated_block(profile: Profile) -> str:
 def even_bounds(profile: Profile, p: int) -> list[int]:
     """Megatron: the repeated layers split evenly (any remainder to the last stages); layers before the first
     repeated one (embedding) join stage 0, layers after the last (head) join the last stage."""
-    rep = [i for i, l in enumerate(profile.layers) if l.block == repeated_block(profile)]
+    block = repeated_block(profile)
+    rep = [i for i, l in enumerate(profile.layers) if l.block == block]
     if len(rep) < p:
         rep = list(range(len(profile.layers)))
     base, extra = divmod(len(rep), p)
