@@ -121,7 +121,7 @@ def profile_cmd(
     dropout: Annotated[float, typer.Option(
         help="Dropout probability of catalog models, in [0, 1); 0 means no dropout masks.")] = 0.0,
     method: Annotated[Method, typer.Option(
-        help="analytic: roofline op times from the hardware's datasheet; measure: time the ops of a model file "
+        metavar="METHOD", help="analytic: roofline op times from the hardware's datasheet; measure: time the ops of a model file "
              "on --device.")] = Method.analytic,
     device: Annotated[Device, typer.Option(help="Device that runs a model file's trace or measurement.")]
     = Device.cpu,
@@ -148,11 +148,15 @@ def profile_cmd(
         "next forward (Megatron --overlap-param-gather).")] = False,
     tp_comm_overlap: Annotated[bool, typer.Option(
         "--tp-comm-overlap", help="Overlap TP collectives with their GEMMs (Megatron --tp-comm-overlap).")] = False,
+    overlap_p2p_comm: Annotated[bool, typer.Option(
+        "--overlap-p2p-communication/--no-overlap-p2p-communication", show_default=False, help="Pipeline sends "
+        "beside the compute (the default: torch's schedules, Megatron's interleaved one), or blocking as Megatron's "
+        "1F1B runs them.")] = True,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
-                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap)
+                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm)
 
 
 @command("plan")

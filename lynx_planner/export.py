@@ -206,6 +206,10 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     if par.dp > 1 and not par.grad_reduce_in_fp32:
         notes.append("the profile reduces 16-bit gradients (grad_reduce_in_fp32 false): Megatron does so only under "
                      "--fp16 without --accumulate-allreduce-grads-in-fp32; these flags train in bf16 (fp32 grads)")
+    if par.pp > 1 and par.virtual_stages == 1 and par.overlap_p2p_comm:
+        notes.append("the profile runs its pipeline sends beside the compute (overlap_p2p_comm true, as torch's "
+                     "schedules do); Megatron-LM's non-interleaved 1F1B always blocks on them: profile with "
+                     "--no-overlap-p2p-communication to price Megatron's run")
     if schedules.get(par.schedule).splits_backward:
         notes.append(f"the plan is for the {par.schedule} schedule ({schedules.get(par.schedule).torch_class}); "
                      "Megatron-LM has no zero-bubble schedule: these flags run "

@@ -447,6 +447,8 @@ def test_megatron_export_names_the_overlaps():
     assert "--no-gradient-accumulation-fusion" in out.flags
     assert "--no-overlap-p2p-communication" not in out.flags  # 1F1B: Megatron's sends block anyway
     assert any("grad_reduce_in_fp32" in n for n in out.not_expressible)
+    assert not any("overlap_p2p_comm true" in n for n in out.not_expressible)  # priced blocking, as Megatron runs it
+    assert any("overlap_p2p_comm true" in n for n in export.megatron(plan, prof).not_expressible)  # priced overlapped
     assert not any("contiguous" in n for n in out.not_expressible)
     lists = prof.model_copy(update={"parallel": par.model_copy(update={"contiguous_grad_buffers": False})})
     assert any("contiguous_grad_buffers" in n for n in export.megatron(plan, lists).not_expressible)

@@ -98,6 +98,13 @@ def test_profile_defaults(profile_path, tmp_path):
     assert p.parallel.seq_len == 2048 and p.parallel.micro_batch_size == 1
     assert p.attention == "flash" and p.dropout == 0.0 and p.method == "analytic"
     assert "wrote" in r.stdout
+    assert p.parallel.overlap_p2p_comm  # torch's schedules overlap their sends
+
+
+def test_profile_blocking_sends_as_megatron_1f1b_runs_them(tmp_path):
+    out = tmp_path / "p.json"
+    assert lynx("profile", "gpt-1.3b", "--pp", "2", "--no-overlap-p2p-communication", "-o", out).exit_code == 0
+    assert not load_model(out, Profile).parallel.overlap_p2p_comm
 
 
 def test_profile_options(tmp_path):

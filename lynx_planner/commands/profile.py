@@ -21,7 +21,7 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         seq_len: int | None, num_microbatches: int | None, sequence_parallel: bool, ep: int, attention, dropout: float,
         method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
-        tp_comm_overlap: bool) -> None:
+        tp_comm_overlap: bool, overlap_p2p_comm: bool) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -34,7 +34,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
                              schedule=schedule.value, distributed_optimizer=distributed_optimizer,
                              overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
-                             tp_comm_overlap=tp_comm_overlap, virtual_stages=virtual_stages, ep=ep)
+                             tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
+                             virtual_stages=virtual_stages, ep=ep)
     except ValidationError as e:
         raise InputError(option_errors(e)) from None
 
