@@ -9,9 +9,9 @@ process's compute thread, summed over micro-batches; with one thread per process
 the recomputation run inside backward (on demand or triggered by the layer above, or in a split backward's W: on the
 critical path) and the one released early, and, from a storage tracker in one extra untimed iteration, the peak of live
 bytes created in the iteration (activations, recomputed tensors and backward's transient gradients) and the most held
-when a backward starts (the kept activations of the micro-batches in flight; predicted: the layers' kept bytes times
-the micro-batches in flight). The predicted peak is the plan's activation peak (kept plus recomputed tensors, no
-transient gradients). The iteration time is wall time between barriers. Predicted backward includes the exposed
+when a backward starts (the kept activations of the micro-batches in flight; predicted: walking the rank's order, the
+kept bytes of the micro-batches in flight plus, with a split backward, the graphs whose W has not run). The predicted
+peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall time between barriers. Predicted backward includes the exposed
 recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
 else 1).
 """
@@ -59,21 +59,38 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     par = plan.parallel
     m = par.num_microbatches
     fwd = bwd = 0.0
-    kept = 0
+    split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
+    kept, after_b = {}, {}
     for c in schedules.chunks_of(par.pp, par.virtual_stages, stage):
         st = plan.stages[c]
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
-        split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
         bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
-        kept += sum(r.kept_bytes for r in runs) * simulator.in_flight(par.schedule, par.pp, c, m, par.virtual_stages)
-        # a split backward (zero bubble) also holds the graphs whose W has not run
-        kept += sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) * schedules.awaiting_weight_pass(
-            par.schedule, par.pp, par.virtual_stages, c, m)
+        kept[c] = sum(r.kept_bytes for r in runs)
+        after_b[c] = sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) if split else 0
     pred = plan.predicted.stages[stage]
+    held = held_at_backward(schedules.order(par.schedule, par.pp, par.virtual_stages, stage, m), kept, after_b)
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
-                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=kept)
+                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=held)
+
+
+def held_at_backward(order, kept: dict[int, int], after_b: dict[int, int]) -> int:
+    """The most bytes a rank holds when one of its backwards (B) starts, walking its order of work: the kept bytes
+    (per micro-batch, of chunk c: kept[c]) of each micro-batch whose forward ran and whose B has not, plus, where the
+    backward is split, what each one whose B ran and whose W has not still holds (after_b[c]: its graph, kept and
+    recomputed tensors and the output gradients W reads). One walk, not a sum of per-chunk or per-state maxima: those
+    fall at different times (a sum of them overstated zero bubble's and interleaved's holdings)."""
+    held = most = 0
+    for kind, c, _ in order:
+        if kind == "F":
+            held += kept[c]
+        elif kind == "B":
+            most = held if held > most else most
+            held += after_b[c] - kept[c] if after_b[c] else -kept[c]
+        else:  # W: the graph is freed
+            held -= after_b[c]
+    return most
 
 
 # the job ------------------------------------------------------------------------------------------------------------

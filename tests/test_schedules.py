@@ -100,9 +100,10 @@ def test_zero_bubble_timeline_and_deferred_weight_memory_by_hand():
     zb = simulate(profile("zero-bubble", 1))
     assert zb.iteration_time_s == 18.0
     assert simulate(profile("1f1b", 1)).iteration_time_s == (4 + 1) * 4.0
-    # B frees nothing and adds the mm's output gradient (1000 B) until W: rank 1 holds F0 B0 F1 B1 (2 x 1100 +
-    # 2 x 1000) before W0; rank 0 at most F(k + 1), F(k + 2) and B(k + 1)'s gradient: 2 x 1100 + 1000
-    assert [s.activation_bytes for s in zb.stages] == [2 * 1100 + 1000, 2 * 1100 + 2 * 1000]
+    # B frees nothing and adds the mm's output gradient (1000 B) and the chunk's input gradient (100 B) until W:
+    # rank 1 holds F0 B0 F1 B1 (2 x (1100 + 1000 + 100)) before W0; on rank 0 torch's B does nothing (chunk 0's
+    # input needs no gradient, W runs the whole backward): at most F(k + 1), F(k + 2), 2 x 1100
+    assert [s.activation_bytes for s in zb.stages] == [2 * 1100, 2 * (1100 + 1000 + 100)]
     assert simulate(profile("1f1b", 1)).stages[1].activation_bytes == 1100
 
 
@@ -195,10 +196,11 @@ def test_zero_bubble_holds_recomputed_tensors_until_w():
 
     prof = profile("zero-bubble", 1)
     got = simulate(prof, recompute_mm(prof, "on_demand"))
-    # keeps the input (100 B); mm's output (1000 B) is regenerated at B and, with mm's output gradient (1000 B),
-    # held until W: rank 1 peaks at F0 B0 F1 B1 = 2 x (100 + 1000 + 1000), as without recomputation; rank 0 at
-    # F(k + 1) F(k + 2)'s inputs and one B's 2000 B
-    assert [s.activation_bytes for s in got.stages] == [2 * 100 + 2000, 2 * (100 + 1000 + 1000)]
+    # keeps the input (100 B); mm's output (1000 B) is regenerated at B and, with mm's output gradient (1000 B) and
+    # the chunk's input gradient (100 B), held until W: rank 1 peaks at F0 B0 F1 B1 = 2 x (100 + 1000 + 1000 + 100),
+    # as without recomputation; rank 0 (whose B holds no gradient: W runs its whole backward) at F(k + 1) F(k + 2)'s
+    # inputs and one B's recomputed 1000 B
+    assert [s.activation_bytes for s in got.stages] == [2 * 100 + 1000, 2 * (100 + 1000 + 1000 + 100)]
 
 
 def test_recomputations_are_served_earliest_backward_first():

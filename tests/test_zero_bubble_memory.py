@@ -1,0 +1,85 @@
+"""Zero bubble's memory as torch runs it (docs/zero-bubble-memory.md): what B holds until W, validate's predicted
+bytes when a backward starts, and the last stage's output no longer holding its graph after its backward."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import small_profile
+
+from lynx_planner import evaluate as ev
+from lynx_planner import schedules, simulator, solvers, validate
+from lynx_planner.profiler.memory import LiveBytes
+from lynx_planner.runtime.pipelining import _drop_output_graph
+from test_schedules import profile
+
+
+def test_b_holds_the_gemm_and_norm_output_gradients_and_the_chunk_input_gradient_until_w():
+    """torch's stage_backward_input keeps the output gradient of every op with a weight (GEMMs and norms) and sets the
+    chunk's input gradient on its input until W; on chunk 0 its B does nothing (W runs the whole backward)."""
+    prof = profile("zero-bubble", 1)  # one block: a:mm#0 (1000 B out), b:gelu#0 (3000 B), input 100 B
+    block = prof.blocks["layer"]
+    ops = [op.model_copy(update={"id": "b:native_layer_norm#0"}) if op.id == "b:gelu#0" else op for op in block.ops]
+    normed = prof.model_copy(update={"blocks": {"layer": block.model_copy(update={"ops": ops})}})
+    assert simulator.block_split(prof.blocks["layer"])[2] == 1000
+    assert simulator.block_split(normed.blocks["layer"])[2] == 1000 + 3000
+    pol = ev.none_policy(prof, 0)
+    assert simulator.layer_run(prof, 1, pol, first=1).wgrad_bytes == 1000 + 100  # a chunk's lowest layer
+    assert simulator.layer_run(prof, 1, pol, first=0).wgrad_bytes == 0  # chunk 0
+
+
+def test_held_at_backward_walks_the_order_instead_of_adding_maxima():
+    """Zero bubble, rank 1 of 2: F0 B0 F1 B1 W0 F2 B2 W1 ...; at most one graph awaits W while one micro-batch is in
+    flight when a B starts (17 + 10), not the most in flight plus the most awaiting W (10 + 2 x 17)."""
+    order = schedules.order("zero-bubble", 2, 1, 1, 4)
+    assert validate.held_at_backward(order, {1: 10}, {1: 17}) == 17 + 10
+    # 1F1B, rank 0 of 2: two micro-batches in flight at its first B
+    assert validate.held_at_backward(schedules.order("1f1b", 2, 1, 0, 4), {0: 10}, {0: 0}) == 2 * 10
+    # interleaved, rank 0 of 2, chunks 0 and 2: F0,0 F0,1 F2,0 F2,1 F0,2 B2,0 F0,3 B2,1 F2,2 B0,0 ...: the most is
+    # at B0,0, chunk 0's four and chunk 2's one, not chunk 0's most (4) plus chunk 2's most (2, at B2,0)
+    order = schedules.order("interleaved-1f1b", 2, 2, 0, 4)
+    assert validate.held_at_backward(order, {0: 10, 2: 1}, {0: 0, 2: 0}) == 4 * 10 + 1
+
+
+@pytest.mark.parametrize("schedule,v", [("zero-bubble", 1), ("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_predicted_held_at_backward_never_exceeds_the_predicted_peak(schedule, v):
+    """Without recomputation, what a rank holds when a backward starts is one moment of its activation timeline: never
+    above the simulated peak (the sum of maxima printed 175.7 MiB kept against a 126.1 MiB peak)."""
+    prof = small_profile(tp=1, pp=2, m=4, layers=8)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(
+        update={"schedule": schedule, "virtual_stages": v})})
+    s = solvers.solve(prof, "none", 1 << 60)
+    plan = ev.make_plan(prof, "p.json", "0" * 64, "none", 1 << 60, s.stages, s.solver, s.evaluation)
+    for rank in range(2):
+        held = validate.predicted_stage(prof, plan, rank).held_at_backward_bytes
+        assert 0 < held <= plan.predicted.stages[rank].activation_bytes
+
+
+def _graph_of_a_view(x):
+    """A last stage's output that is a view (`.transpose`), with B-only saved tensors (exp saves its output)."""
+    return (x * 2).exp().exp().transpose(0, 1)
+
+
+def test_last_stage_output_view_no_longer_holds_its_graph_after_backward():
+    x = torch.randn(64, 64, requires_grad=True)
+    with LiveBytes([x]) as mem:
+        out = _graph_of_a_view(x)
+        stage = SimpleNamespace(is_last=True, output_chunks=[out])
+        torch.autograd.grad(out.sum(), x, retain_graph=True)  # as B: the graph stays
+        del out
+        held = mem.live
+        _drop_output_graph(stage, 0)
+        assert stage.output_chunks[0].grad_fn is None
+        assert mem.live == held - 64 * 64 * 4  # the first exp's output; the second's is the output: it stays
+    assert torch.equal(stage.output_chunks[0], _graph_of_a_view(x).detach())
+
+
+def test_other_stages_outputs_are_left_alone():
+    x = torch.randn(4, 4, requires_grad=True)
+    out = _graph_of_a_view(x)
+    stage = SimpleNamespace(is_last=False, output_chunks=[out])
+    _drop_output_graph(stage, 0)
+    assert stage.output_chunks[0] is out
+    _drop_output_graph(SimpleNamespace(is_last=True, output_chunks=[out]), 3)  # no such micro-batch: nothing
