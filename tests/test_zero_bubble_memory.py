@@ -83,3 +83,20 @@ def test_other_stages_outputs_are_left_alone():
     _drop_output_graph(stage, 0)
     assert stage.output_chunks[0] is out
     _drop_output_graph(SimpleNamespace(is_last=True, output_chunks=[out]), 3)  # no such micro-batch: nothing
+
+
+def test_the_stage_hooks_drop_the_output_graph_after_each_backward():
+    """attach's backward hook runs the drop after the stage's own backward, for that micro-batch only."""
+    from lynx_planner.runtime import pipelining
+    from lynx_planner.schema import PlanParallel
+
+    x = torch.randn(4, 4, requires_grad=True)
+    outs = [_graph_of_a_view(x), _graph_of_a_view(x)]
+    runtime = SimpleNamespace(parallel=PlanParallel(tp=1, pp=2, dp=1, num_microbatches=2, schedule="zero-bubble"),
+                              action=None, micro_batch=None, trigger=lambda mb, at: None)
+    stage = SimpleNamespace(num_stages=2, stage_index=1, is_last=True, output_chunks=outs,
+                            forward_one_chunk=lambda *a, **k: None, get_bwd_recv_ops=lambda *a: [],
+                            backward_one_chunk=lambda *a, **k: "grads")
+    hooks = pipelining._StageHooks(runtime, stage)
+    assert hooks.backward_one_chunk(0) == "grads"
+    assert stage.output_chunks[0].grad_fn is None and stage.output_chunks[1].grad_fn is not None

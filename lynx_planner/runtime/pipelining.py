@@ -164,8 +164,8 @@ def _drop_output_graph(stage: Any, micro_batch: int) -> None:
     (a head ending in `.transpose(0, 1)`); under a split backward the view then held, until the step ended, every
     tensor of the graph that only B reads (W frees the rest): 27.5 MiB of 88 per micro-batch of a GPT stage,
     docs/zero-bubble-memory.md. Same values, as torch returns them for a non-view output."""
-    chunks = getattr(stage, "output_chunks", None)
-    if stage.is_last and chunks is not None and micro_batch < len(chunks):
+    chunks = getattr(stage, "output_chunks", None)  # (a stage-like object without them: nothing to do)
+    if getattr(stage, "is_last", False) and chunks is not None and micro_batch < len(chunks):
         chunks[micro_batch] = tree_map_only(torch.Tensor, lambda t: t.detach(), chunks[micro_batch])
 
 
