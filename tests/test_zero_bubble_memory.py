@@ -100,3 +100,20 @@ def test_the_stage_hooks_drop_the_output_graph_after_each_backward():
     hooks = pipelining._StageHooks(runtime, stage)
     assert hooks.backward_one_chunk(0) == "grads"
     assert stage.output_chunks[0].grad_fn is None and stage.output_chunks[1].grad_fn is not None
+
+
+def test_the_searches_budget_what_b_holds_until_w():
+    """HEU's and OPT's stage models leave room for what each micro-batch awaiting W holds beside its graph (the
+    simulator's count): without it they kept everything on the last rank, over the limit, and found no plan at 22-25
+    GiB for this layout, where one needing 22.84 GiB exists."""
+    from lynx_planner.analytic import gpt_profile
+    from lynx_planner.models.catalog import MODELS
+    from lynx_planner.models.hardware import HARDWARE
+    from lynx_planner.schema import ParallelConfig
+
+    par = ParallelConfig(tp=4, pp=4, num_microbatches=16, schedule="zero-bubble")
+    prof = gpt_profile(MODELS["gpt-13b"], par, HARDWARE["a100-80g-nvlink"], "flash", 0.0)
+    limit = 24 * 2**30
+    assert solvers.solve(prof, "full", 1 << 62).evaluation.peak_bytes > limit  # full recomputation does not fit
+    got = solvers.solve(prof, "heu", limit)
+    assert got.evaluation.peak_bytes <= limit

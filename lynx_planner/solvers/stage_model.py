@@ -67,11 +67,14 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top))
     legal = placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages)
+    awaiting_w = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
+    # what each micro-batch awaiting W holds beside its graph, whatever the plan (the simulator's count)
+    held = awaiting_w * sum(simulator.held_until_w(profile, i, first) for i in range(first, end)) if awaiting_w else 0
     return StageModel(
         stage=s, first=first, end=end,
         in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
-        awaiting_w=schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches),
-        budget=memory_limit - static_bytes(profile, first, end),
+        awaiting_w=awaiting_w,
+        budget=memory_limit - static_bytes(profile, first, end) - held,
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
