@@ -546,20 +546,23 @@ def p2p_bus(profile: Profile) -> tuple[float, float]:
     return costs.link(profile.hardware, par.tp * par.pp)
 
 
+def _send_shares(par) -> int:
+    """In Megatron's rank order a whole (not sequence-parallel) activation is split over the TP ranks' links and
+    all-gathered by the receivers (scatter-gather): one share per TP rank."""
+    return par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
+
+
 def send_s(profile: Profile, nbytes: float) -> float:
-    """One pipeline send of `nbytes` between neighbouring stages. In Megatron's rank order a whole (not
-    sequence-parallel) activation is also split over the TP ranks' links and all-gathered by the receivers."""
+    """One pipeline send of `nbytes` between neighbouring stages, the receivers' all-gather included."""
     par = profile.parallel
-    shares = par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
-    return costs.scatter_gather_send_s(nbytes, shares, p2p_bus(profile), costs.link(profile.hardware, par.tp))
+    return costs.scatter_gather_send_s(nbytes, _send_shares(par), p2p_bus(profile),
+                                       costs.link(profile.hardware, par.tp))
 
 
 def sender_s(profile: Profile, nbytes: float) -> float:
     """The part of a pipeline send the sender waits out when sends block: its own share's transfer (the receivers'
     all-gather of a scatter-gather send is theirs)."""
-    par = profile.parallel
-    shares = par.tp if par.rank_order == "tp-dp-pp" and not par.sequence_parallel else 1
-    return costs.p2p_s(nbytes / shares, p2p_bus(profile))
+    return costs.p2p_s(nbytes / _send_shares(profile.parallel), p2p_bus(profile))
 
 
 def backward_deadlines(order: tuple[schedules.Item, ...]) -> dict[tuple[int, int], int]:
