@@ -118,12 +118,11 @@ def _megatron_choices(profile: Profile, bounds: list[int], limit: int) -> list[M
     from .solvers import megatron
 
     n = len(profile.layers)
-    rep = _repeated(profile)
-    per_stage = max(sum(profile.layers[i].block == rep for i in range(bounds[s], bounds[s + 1]))
-                    for s in range(len(bounds) - 1))
+    layers = set(megatron.transformer_layers(profile))  # every layer type, as Megatron recomputes them
+    per_stage = max(sum(bounds[s] <= i < bounds[s + 1] for i in layers) for s in range(len(bounds) - 1))
     options = [("none", [], [ev.none_policy(profile, i) for i in range(n)]),
                ("selective", ["--recompute-granularity selective", "--recompute-modules core_attn"],
-                [megatron._selective(profile, i) if profile.layers[i].block == rep else ev.none_policy(profile, i)
+                [megatron._selective(profile, i) if i in layers else ev.none_policy(profile, i)
                  for i in range(n)]),
                ("full", ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"],
                 megatron._block(profile, bounds, per_stage))]

@@ -1,4 +1,6 @@
-"""Megatron-LM's recomputation methods, on its even stage split, all recomputation on demand:
+"""Megatron-LM's recomputation methods, on its even stage split, all recomputation on demand. Each applies to every
+transformer layer (`transformer_layers`: DeepSeek's dense first layers and the MoE ones alike, as Megatron's
+TransformerBlock recomputes whatever layers it holds), never to the embedding, final norm or head:
 
 none       keep everything
 full       recompute every transformer layer from its input (the whole forward is replayed, collectives included)
@@ -28,10 +30,18 @@ def _selective(profile: Profile, i: int) -> LayerPolicy:
     return layer_policy(profile, i, policy.selective_keep(policy.analyse(profile.blocks[profile.layers[i].block])))
 
 
+def transformer_layers(profile: Profile) -> list[int]:
+    """Indices of the transformer layers: every layer whose block maps an activation of the repeated block's size
+    to one of the same size through at least one GEMM or attention (op flops) — dense, MoE, sliding-window or
+    linear-attention layers alike; not the embedding (token ids in), final norm (no GEMM), rotary tables or head."""
+    size = profile.blocks[repeated_block(profile)].input_bytes
+    return [i for i, l in enumerate(profile.layers)
+            if (b := profile.blocks[l.block]).input_bytes == size == b.output_bytes and any(op.flops for op in b.ops)]
+
+
 def _stage_repeated(profile: Profile, bounds: list[int]) -> list[list[int]]:
-    rep = repeated_block(profile)
-    return [[i for i in range(bounds[s], bounds[s + 1]) if profile.layers[i].block == rep]
-            for s in range(len(bounds) - 1)]
+    layers = transformer_layers(profile)
+    return [[i for i in layers if bounds[s] <= i < bounds[s + 1]] for s in range(len(bounds) - 1)]
 
 
 def _uniform(profile: Profile, bounds: list[int], n: int) -> list[LayerPolicy]:
@@ -67,15 +77,14 @@ def _smallest_fitting(problem: Problem, bounds: list[int], make, algo: str) -> l
 def search(problem: Problem, algo: str) -> Strategy:
     profile = problem.profile
     bounds = even_bounds(profile, n_chunks(profile))  # interleaved: Megatron's even split over the virtual stages
-    rep = repeated_block(profile)
+    layers = set(transformer_layers(profile))
     n = len(profile.layers)
     if algo == "none":
         pols = [none_policy(profile, i) for i in range(n)]
     elif algo == "full":
-        pols = [_full(profile, i) if profile.layers[i].block == rep else none_policy(profile, i) for i in range(n)]
+        pols = [_full(profile, i) if i in layers else none_policy(profile, i) for i in range(n)]
     elif algo == "selective":
-        pols = [_selective(profile, i) if profile.layers[i].block == rep else none_policy(profile, i)
-                for i in range(n)]
+        pols = [_selective(profile, i) if i in layers else none_policy(profile, i) for i in range(n)]
     elif algo == "uniform":
         pols = _smallest_fitting(problem, bounds, _uniform, algo)
     elif algo == "block":
