@@ -68,6 +68,9 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     from .analytic import profile
 
     spec = model_spec(model)
+    for note in spec.notes:  # the reader's approximations, each with what it leaves out
+        if warn is not None:
+            warn(f"{model}: {note}")
     if method == "measure":
         raise InputError(f"--method measure: {model!r} is a catalog model; measuring needs a model file "
                          "(MODEL.py) to run. Use --method analytic for catalog models.")

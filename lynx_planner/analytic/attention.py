@@ -24,17 +24,27 @@ def _rope(ops: _OpList, src: str, nbytes: int, first: int) -> str:
     return ew(ops, f"self_attn:add#{first // 2}", nbytes, inputs=[a, b])
 
 
-def _flash(ops: _OpList, q: str, k: str, v: str, b: int, s: int, heads: int, qk_dim: int, v_dim: int) -> str:
-    """Fused causal attention: keeps q, k, v, its output and the fp32 logsumexp."""
-    flops = 2.0 * b * s * s * heads * (qk_dim + v_dim)  # counted non-causal, as FlopCounterMode does
+def window_share(spec: ModelSpec, kind: str, s: int) -> float:
+    """The share of a causal attention's (query, key) pairs a layer of this kind computes: 1 for full attention,
+    less for a sliding window or chunks (ModelSpec.kv_pairs): its FLOPs and time scale by it."""
+    if kind not in ("sliding", "chunked"):
+        return 1.0
+    return spec.kv_pairs_of(kind, s) / (s * (s + 1) // 2)
+
+
+def _flash(ops: _OpList, q: str, k: str, v: str, b: int, s: int, heads: int, qk_dim: int, v_dim: int,
+           share: float = 1.0) -> str:
+    """Fused causal attention: keeps q, k, v, its output and the fp32 logsumexp. `share`: window_share."""
+    flops = 2.0 * b * s * s * heads * (qk_dim + v_dim) * share  # counted non-causal, as FlopCounterMode does
     fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))  # causal: half the tiles
     return ops.add("self_attn:_scaled_dot_product_flash_attention#0", inputs=[q, k, v], saves=[q, k, v, "self"],
                    fwd_s=fwd, bwd_s=2.5 * fwd, flops=flops, out_bytes=ACT * b * s * heads * v_dim,
                    aux_bytes=STAT * b * heads * s, tags=["core_attn"])
 
 
-def gqa(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) -> str:
-    """MHA/GQA; returns the id carrying the attention output (the output projection or its TP collective)."""
+def gqa(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str, kind: str = "full") -> str:
+    """MHA/GQA; returns the id carrying the attention output (the output projection or its TP collective).
+    `kind`: the layer's attention (full, sliding, chunked), which prices the core by its window."""
     s, b, h, t = par.seq_len, par.micro_batch_size, spec.hidden, par.tp
     n, d, heads, kv = s * b, spec.dim, spec.heads // t, spec.kv // t
     gemm = "addmm" if spec.qkv_bias else "mm"
@@ -49,12 +59,12 @@ def gqa(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) ->
     v = ops.gemm(f"self_attn.v_proj:{gemm}#0", n, h, kv * d, saves=[ln], inputs=[src])
     q = _rope(ops, q, ACT * n * heads * d, 0)
     k = _rope(ops, k, ACT * n * kv * d, 2)
-    core = _flash(ops, q, k, v, b, s, heads, d, d)
-    ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[core], inputs=[core])
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    ops.gemm(f"self_attn.o_proj:{'addmm' if spec.o_bias else 'mm'}#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 
 
-def mla(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) -> str:
+def mla(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str, kind: str = "full") -> str:
     """DeepSeek's multi-head latent attention (HF DeepseekV3Attention): q through a low-rank projection and RMSNorm,
     k/v from one joint low-rank latent (plus a single shared rope key), heads split into nope and rope parts. The
     down-projections and their norms are replicated under TP (as Megatron's MLA); the up-projections are column
@@ -94,6 +104,6 @@ def mla(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) ->
     k_full = ew(ops, "self_attn:new_empty#0", kb, inputs=[kvb], read=0)
     k_full = ew(ops, "self_attn:copy_#0", kb, inputs=[k_full, kvb], inplace=True)
     k_full = ew(ops, "self_attn:copy_#1", kb, inputs=[k_full, k_pe], inplace=True)
-    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim)
+    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim, window_share(spec, kind, s))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * m.v_head_dim, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")

@@ -10,30 +10,51 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from types import SimpleNamespace
+
 from .. import costs
 from ..policy import OUTSIDE
+from ..models.families import class_prefix, family_module
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from .attention import gqa, mla
 from .mlp import dense_mlp, moe
 from .ops import ACT, STAT, _OpList, _TP, bytes_per_param, cross_entropy_s, ew, hf_rms_norm
 
-CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
-                "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3"}
+def hooks(spec: ModelSpec) -> SimpleNamespace:
+    """The op-graph pieces of the spec's family: its module's GRAPH hooks over the Llama block's defaults —
+    `layer(ops, tp, spec, par, kind, g)` -> None (the whole layer), `attention(ops, tp, spec, par, ln, kind)`,
+    `mlp(ops, tp, spec, par, ln, is_moe)`, `norm(ops, prefix, src, elems, rows)`, `embedding(ops, spec, par, x)`."""
+    attention = lambda ops, tp, spec, par, ln, kind: (mla if spec.mla is not None else gqa)(  # noqa: E731
+        ops, tp, spec, par, ln, kind=kind)
+    mlp = lambda ops, tp, spec, par, ln, is_moe: (moe if is_moe else dense_mlp)(ops, tp, spec, par, ln)  # noqa: E731
+    base = dict(layer=None, attention=attention, mlp=mlp, norm=hf_rms_norm, embedding=None)
+    return SimpleNamespace(**(base | getattr(family_module(spec.family), "GRAPH", {})))
 
 
-def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, is_moe: bool) -> Block:
-    """x + attn(norm(x)), then + mlp(norm(·)) (a dense SwiGLU or the MoE block)."""
+def layer_kind(spec: ModelSpec, i: int) -> tuple[str, bool]:
+    """What makes layer i's op graph: its attention (full, sliding, chunked, linear) and whether its MLP is MoE."""
+    return spec.attention_kind(i), spec.is_moe_layer(i)
+
+
+def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, kind: tuple[str, bool] | bool) -> Block:
+    """x + attn(norm(x)), then + mlp(norm(·)) (a dense MLP or the MoE block); a family's hooks may change the pieces
+    or the whole layer. `kind`: layer_kind's (attention, is_moe), or is_moe alone for a full-attention layer."""
+    attn_kind, is_moe = ("full", kind) if isinstance(kind, bool) else kind
     n = par.seq_len * par.micro_batch_size
     n_loc = n // par.tp if par.sequence_parallel else n
     ops = _OpList(hw)
     tp = _TP(par, hw, n, spec.hidden)
-    ln1 = hf_rms_norm(ops, "input_layernorm", BLOCK_INPUT, n_loc * spec.hidden, n_loc)
-    attn = (mla if spec.mla is not None else gqa)(ops, tp, spec, par, ln1)
+    g = hooks(spec)
     x = ACT * n_loc * spec.hidden
+    if g.layer is not None:
+        g.layer(ops, tp, spec, par, (attn_kind, is_moe), g)
+        return Block(name=name, input_bytes=x, output_bytes=x, ops=ops.ops)
+    ln1 = g.norm(ops, "input_layernorm", BLOCK_INPUT, n_loc * spec.hidden, n_loc)
+    attn = g.attention(ops, tp, spec, par, ln1, attn_kind)
     add0 = ew(ops, ":add#0", x, inputs=[BLOCK_INPUT, attn], read=2 * x)
-    ln2 = hf_rms_norm(ops, "post_attention_layernorm", add0, n_loc * spec.hidden, n_loc)
-    out = (moe if is_moe else dense_mlp)(ops, tp, spec, par, ln2)
+    ln2 = g.norm(ops, "post_attention_layernorm", add0, n_loc * spec.hidden, n_loc)
+    out = g.mlp(ops, tp, spec, par, ln2, is_moe)
     ew(ops, ":add#1", x, inputs=[add0, out], read=2 * x)
     return Block(name=name, input_bytes=x, output_bytes=x, ops=ops.ops)
 
@@ -44,15 +65,19 @@ def _embedding(spec: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
     x = ACT * n * spec.hidden
     ops.elementwise(":embedding#0", x, 2 * x, 2 * x, saves=[BLOCK_INPUT])  # vocab-parallel lookup
     _TP(par, hw, n, spec.hidden).after_row(ops, "")
+    g = hooks(spec)
+    if g.embedding is not None:  # e.g. Gemma's scaling by sqrt(hidden)
+        g.embedding(ops, spec, par, x)
     out = x // par.tp if par.sequence_parallel else x
-    return Block(name="Embedding", input_bytes=8 * n, output_bytes=out, ops=ops.ops)
+    return Block(name=getattr(family_module(spec.family), "EMBEDDING", "Embedding"), input_bytes=8 * n,
+                 output_bytes=out, ops=ops.ops)
 
 
 def _final_norm(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str) -> Block:
     n = par.seq_len * par.micro_batch_size
     n_loc = n // par.tp if par.sequence_parallel else n
     ops = _OpList(hw)
-    hf_rms_norm(ops, "", BLOCK_INPUT, n_loc * spec.hidden, n_loc)
+    hooks(spec).norm(ops, "", BLOCK_INPUT, n_loc * spec.hidden, n_loc)
     x = ACT * n_loc * spec.hidden
     return Block(name=name, input_bytes=x, output_bytes=x, ops=ops.ops)
 
@@ -70,29 +95,20 @@ def _lm_head(spec: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
     return Block(name="Linear", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 
-def rank_params(spec: ModelSpec, par: ParallelConfig, is_moe: bool) -> tuple[int, int]:
-    """(parameters on one TP x EP rank outside the routed experts, routed-expert parameters on it) of one layer."""
+def rank_params(spec: ModelSpec, par: ParallelConfig, i: int | bool) -> tuple[int, int]:
+    """(parameters on one TP x EP rank outside the routed experts, routed-expert parameters on it) of layer i (or,
+    given a bool, of a full-attention layer that is MoE or not)."""
     h, t = spec.hidden, par.tp
-    norms = 2 * h
-    if spec.mla is not None:
-        m = spec.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        replicated = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-        split = m.kv_lora_rank * spec.heads * (m.qk_nope_head_dim + m.v_head_dim) + spec.heads * m.v_head_dim * h
-        if m.q_lora_rank:
-            replicated += h * m.q_lora_rank + m.q_lora_rank
-            split += m.q_lora_rank * spec.heads * qk
-        else:
-            split += h * spec.heads * qk
-        attn = replicated + split // t
-    else:
-        attn = (spec.attention_params() - (2 * spec.dim if spec.qk_norm else 0)) // t \
-            + (2 * spec.dim if spec.qk_norm else 0)
+    is_moe, kind = (i, "full") if isinstance(i, bool) else (spec.is_moe_layer(i), spec.attention_kind(i))
+    norms = spec.layer_norms() * h
+    split, replicated = spec.linear_attn_split_params() if kind == "linear" else spec.attention_split_params()
+    attn = split // t + replicated
     if not is_moe:
         return attn + spec.dense_mlp_params() // t + norms, 0
     m = spec.moe
-    other = m.experts * h + 3 * h * m.shared_ffn // t + (h if m.shared_gate else 0)
-    return attn + other + norms, m.experts * 3 * h * m.expert_ffn // (t * par.ep)
+    routed, other = spec.moe_params()
+    shared = 3 * h * m.shared_ffn
+    return attn + (other - shared) + shared // t + norms, routed // (t * par.ep)
 
 
 def _check(spec: ModelSpec, par: ParallelConfig) -> None:
@@ -112,11 +128,11 @@ def _check(spec: ModelSpec, par: ParallelConfig) -> None:
         raise ValueError(f"--ep {par.ep} does not divide the model's {spec.moe.experts} experts")
 
 
-def _block_names(spec: ModelSpec) -> dict[bool, str]:
-    """Decoder block name per layer kind (MoE or not), as the profiler names them: the first kind met gets the class
-    name, the next one '_2'."""
-    kinds = sorted({spec.is_moe_layer(i) for i in range(spec.num_layers)}, key=lambda k: spec.is_moe_layer(0) != k)
-    return {k: f"{CLASS_PREFIX[spec.family]}DecoderLayer" + ("" if j == 0 else f"_{j + 1}")
+def _block_names(spec: ModelSpec) -> dict[tuple[str, bool], str]:
+    """Decoder block name per layer kind (layer_kind), as the profiler names them: the first kind met gets the class
+    name, the next ones '_2', '_3', ..."""
+    kinds = list(dict.fromkeys(layer_kind(spec, i) for i in range(spec.num_layers)))
+    return {k: f"{class_prefix(spec.family)}DecoderLayer" + ("" if j == 0 else f"_{j + 1}")
             for j, k in enumerate(kinds)}
 
 
@@ -126,9 +142,10 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
     (TP, micro-batch, SP, EP) and the solvers' per-block caches then hold across its layouts."""
     par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
     hw = Hardware.model_validate_json(hw_json)
-    cls = CLASS_PREFIX[spec.family]
+    cls = class_prefix(spec.family)
     names = _block_names(spec)
-    blocks = {"Embedding": _embedding(spec, par, hw)}
+    emb = _embedding(spec, par, hw)
+    blocks = {emb.name: emb}
     blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
     blocks["Linear"] = _lm_head(spec, par, hw)
@@ -145,7 +162,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     if not (par.async_tp_allreduce and par.gradient_accumulation_fusion):
         raise ValueError(f"async_tp_allreduce / gradient_accumulation_fusion false (Megatron of 2021) are priced for "
                          f"the gpt family only, not {spec.family}")
-    cls = CLASS_PREFIX[spec.family]
+    cls = class_prefix(spec.family)
     names = _block_names(spec)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
                           hw.model_dump_json()))
@@ -157,10 +174,9 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
                      static_bytes=int(dense * bpp) + int(experts * expert_bpp))
 
     h, v, t = spec.hidden, spec.vocab, par.tp
-    layers = [layer("Embedding", "model.embed_tokens", v * h // t)]
+    layers = [layer(next(iter(blocks)), "model.embed_tokens", v * h // t)]
     for i in range(spec.num_layers):
-        k = spec.is_moe_layer(i)
-        layers.append(layer(names[k], f"model.layers.{i}", *rank_params(spec, par, k)))
+        layers.append(layer(names[layer_kind(spec, i)], f"model.layers.{i}", *rank_params(spec, par, i)))
     layers.append(layer(f"{cls}RMSNorm", "model.norm", h))
     layers.append(layer("Linear", "lm_head", v * h // t if not spec.tie_embeddings or par.pp > 1 else 0))
     config: dict = {"family": spec.family, "num_layers": spec.num_layers, "hidden": h, "heads": spec.heads,

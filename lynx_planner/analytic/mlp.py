@@ -20,21 +20,24 @@ from .ops import ACT, STAT, _OpList, _TP, ew
 IDX = 8  # bytes of an int64 index
 
 
-def swiglu(ops: _OpList, tp: _TP | None, prefix: str, n: int, h: int, f: int, src: str, ln: str) -> str:
-    """gate_proj, SiLU, up_proj, product, down_proj on n tokens of width h, FFN f (already split by TP)."""
+def swiglu(ops: _OpList, tp: _TP | None, prefix: str, n: int, h: int, f: int, src: str, ln: str,
+           bias: bool = False) -> str:
+    """gate_proj, SiLU, up_proj, product, down_proj on n tokens of width h, FFN f (already split by TP); `bias`:
+    the projections have biases (mlp_bias: addmm)."""
+    mm = "addmm" if bias else "mm"
     if tp is not None:
         src = tp.before_column(ops, f"{prefix}.gate_proj", costs.gemm_s(4.0 * n * h * f, ops.hw))
-    gate = ops.gemm(f"{prefix}.gate_proj:mm#0", n, h, f, saves=[ln], inputs=[src])
+    gate = ops.gemm(f"{prefix}.gate_proj:{mm}#0", n, h, f, saves=[ln], inputs=[src])
     act = ew(ops, f"{prefix}.act_fn:silu#0", ACT * n * f, saves=[gate])
-    up = ops.gemm(f"{prefix}.up_proj:mm#0", n, h, f, saves=[ln], inputs=[src])
+    up = ops.gemm(f"{prefix}.up_proj:{mm}#0", n, h, f, saves=[ln], inputs=[src])
     prod = ew(ops, f"{prefix}:mul#0", ACT * n * f, inputs=[act, up], saves=[up, act])
-    ops.gemm(f"{prefix}.down_proj:mm#0", n, f, h, saves=[prod], inputs=[prod])
+    ops.gemm(f"{prefix}.down_proj:{mm}#0", n, f, h, saves=[prod], inputs=[prod])
     return ops.last
 
 
 def dense_mlp(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) -> str:
     n = par.seq_len * par.micro_batch_size
-    swiglu(ops, tp, "mlp", n, spec.hidden, spec.ffn_hidden // par.tp, ln, ln)
+    swiglu(ops, tp, "mlp", n, spec.hidden, spec.ffn_hidden // par.tp, ln, ln, bias=spec.mlp_bias)
     return tp.after_row(ops, "mlp.down_proj")
 
 
@@ -62,6 +65,7 @@ def _deepseek_router(ops: _OpList, spec: ModelSpec, n: int, src: str, ln: str) -
     m = spec.moe
     e, k, h = m.experts, m.top_k, spec.hidden
     g, tg = 8 if e % 8 == 0 and e >= 64 else 1, 4 if e % 8 == 0 and e >= 64 else 1
+    g, tg = m.n_group or g, m.topk_group or tg
     x32 = ew(ops, "mlp.gate:_to_copy#0", STAT * n * h, inputs=[src], read=ACT * n * h)
     w32 = ew(ops, "mlp.gate:_to_copy#1", STAT * e * h, inputs=[], read=ACT * e * h)
     ops.gemm("mlp.gate:mm#0", n, h, e, saves=[w32, x32], inputs=[x32, w32])

@@ -1,8 +1,10 @@
 """A Hugging Face `config.json` → ModelSpec, per `model_type` (read as JSON: nothing is downloaded or imported).
 
-Fields transformers defaults are defaulted the same way (num_key_value_heads = heads, tied embeddings off, no
-attention bias); the sizes must be present. An unknown model_type or a missing or wrong field is an InputError naming
-the file and the field.
+Each model family has its own reader (models/families/<family>.py); this module picks it by `model_type`, reads the
+text part of a multimodal config (`text_config`), and refuses any field the family neither models nor names as
+irrelevant. Fields transformers defaults are defaulted the same way (num_key_value_heads = heads, each model_type's
+tie_word_embeddings default, no attention bias); the sizes must be present. An unknown model_type or a missing, wrong
+or unmodelled field is an InputError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -11,27 +13,14 @@ import json
 from pathlib import Path
 
 from ..io import InputError
-from .spec import MLASpec, ModelSpec, MoESpec
+from .families import BY_MODEL_TYPE, MODEL_TYPES, Fields, check_all_read
+from .spec import ModelSpec
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
-_HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # transformers' defaults where head_dim is its own field
+# multimodal wrappers whose text model lynx reads: the wrapper's own fields (vision tower, projector, token ids)
+# are not part of the language model a text-only training run builds
+_MULTIMODAL_TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
-
-class _Fields:
-    def __init__(self, cfg: dict, where: str):
-        self.cfg, self.where = cfg, where
-
-    def get(self, key: str, default=None, kind=int, required: bool = True):
-        if key not in self.cfg or self.cfg[key] is None:
-            if required and default is None:
-                raise InputError(f"{self.where}: field {key!r} is missing")
-            return default
-        v = self.cfg[key]
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise InputError(f"{self.where}: field {key!r} must be a non-negative integer, not {v!r}")
-        if kind is bool and not isinstance(v, bool):
-            raise InputError(f"{self.where}: field {key!r} must be true or false, not {v!r}")
-        return v
+__all__ = ["MODEL_TYPES", "spec_from_hf", "read_hf_config"]
 
 
 def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) -> ModelSpec:
@@ -39,50 +28,25 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
     if not isinstance(cfg, dict):
         raise InputError(f"{where}: expected a JSON object (a Hugging Face config.json)")
     mt = cfg.get("model_type")
-    if mt not in MODEL_TYPES:
+    notes: list[str] = []
+    if mt in _MULTIMODAL_TEXT and _MULTIMODAL_TEXT[mt] in BY_MODEL_TYPE:
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise InputError(f"{where}: field 'text_config': expected the language model's config (an object)")
+        notes.append(f"model_type {mt!r}: the language model (text_config) only; the vision encoder and projector "
+                     "are not priced")
+        cfg, where, mt = {**text, "model_type": _MULTIMODAL_TEXT[mt]}, f"{where} (text_config)", _MULTIMODAL_TEXT[mt]
+    if mt not in BY_MODEL_TYPE:
         raise InputError(f"{where}: field 'model_type': {mt!r} is not supported (expected one of "
-                         f"{', '.join(MODEL_TYPES)})")
-    f = _Fields(cfg, where)
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise InputError(f"{where}: field 'hidden_act': {act!r} is not supported (SwiGLU with 'silu' expected)")
-    heads = f.get("num_attention_heads")
-    hidden = f.get("hidden_size")
-    kw: dict = dict(
-        name=name, source=source or f"{where} (model_type {mt})", family=mt, num_layers=f.get("num_hidden_layers"),
-        hidden=hidden, heads=heads, kv_heads=f.get("num_key_value_heads", heads),
-        head_dim=f.get("head_dim", _HEAD_DIM_DEFAULT.get(mt), required=False), ffn_hidden=f.get("intermediate_size"),
-        vocab=f.get("vocab_size"), tie_embeddings=f.get("tie_word_embeddings", False, bool),
-        qkv_bias=mt in ("qwen2", "qwen2_moe") or f.get("attention_bias", False, bool),
-        qk_norm=mt in ("qwen3", "qwen3_moe"),
-    )
-    if mt in ("llama", "mistral") and f.get("mlp_bias", False, bool):
-        raise InputError(f"{where}: field 'mlp_bias': true is not supported")
-    if kw["qkv_bias"] and mt not in ("qwen2", "qwen2_moe"):
-        raise InputError(f"{where}: field 'attention_bias': true is not supported for model_type {mt!r}")
-    if mt == "mixtral":
-        kw["moe"] = MoESpec(experts=f.get("num_local_experts"), top_k=f.get("num_experts_per_tok"),
-                            expert_ffn=kw["ffn_hidden"])
-    elif mt in ("qwen2_moe", "qwen3_moe"):
-        if f.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
-            raise InputError(f"{where}: fields 'decoder_sparse_step'/'mlp_only_layers': only every layer MoE "
-                             "(step 1, no MLP-only layers) is supported")
-        shared = f.get("shared_expert_intermediate_size") if mt == "qwen2_moe" else 0
-        kw["moe"] = MoESpec(experts=f.get("num_experts"), top_k=f.get("num_experts_per_tok"),
-                            expert_ffn=f.get("moe_intermediate_size"), shared_experts=1 if shared else 0,
-                            shared_ffn=shared, shared_gate=bool(shared),
-                            norm_topk_prob=f.get("norm_topk_prob", False, bool))
-    elif mt == "deepseek_v3":
-        n_shared = f.get("n_shared_experts", 0)
-        expert_ffn = f.get("moe_intermediate_size")
-        kw["moe"] = MoESpec(experts=f.get("n_routed_experts"), top_k=f.get("num_experts_per_tok"),
-                            expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
-                            dense_layers=f.get("first_k_dense_replace", 0),
-                            norm_topk_prob=f.get("norm_topk_prob", True, bool))
-        kw["mla"] = MLASpec(q_lora_rank=f.get("q_lora_rank", required=False) or None,
-                            kv_lora_rank=f.get("kv_lora_rank"), qk_rope_head_dim=f.get("qk_rope_head_dim"),
-                            qk_nope_head_dim=f.get("qk_nope_head_dim"), v_head_dim=f.get("v_head_dim"))
-        kw["head_dim"] = None
+                         f"{', '.join(MODEL_TYPES + tuple(_MULTIMODAL_TEXT))})")
+    mod = BY_MODEL_TYPE[mt]
+    f = Fields(cfg, where)
+    kw = mod.read(f, mt)
+    check_all_read(f, mod)
+    kw = dict(name=name, source=source or f"{where} (model_type {cfg.get('model_type')})", **kw)
+    notes += f.notes
+    if notes:
+        kw["notes"] = tuple(notes)
     from pydantic import ValidationError
 
     try:

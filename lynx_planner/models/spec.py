@@ -15,7 +15,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-Family = Literal["gpt", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"]
+Family = Literal["gpt", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
+                 "phi3", "olmo2", "gemma3_text", "glm4_moe", "deepseek_v2", "gpt_oss", "llama4_text", "qwen3_next"]
+AttentionKind = Literal["full", "sliding", "chunked", "linear"]
+MLA_FAMILIES = ("deepseek_v3", "deepseek_v2")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss", "llama4_text",
+                "qwen3_next")
 FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 
 
@@ -33,6 +38,18 @@ class MLASpec(_Spec):
     v_head_dim: PositiveInt
 
 
+class LinearAttnSpec(_Spec):
+    """Qwen3-Next's Gated DeltaNet: a fused q/k/v/z projection, a causal depthwise convolution, the gated delta rule
+    (a recurrent state of key_dim x value_dim per value head instead of an s x s attention), a gated RMSNorm and the
+    output projection."""
+
+    key_heads: PositiveInt
+    value_heads: PositiveInt
+    key_dim: PositiveInt
+    value_dim: PositiveInt
+    conv_kernel: PositiveInt
+
+
 class MoESpec(_Spec):
     """Routed experts (SwiGLU each), a router, optional shared experts; the first `dense_layers` layers are dense."""
 
@@ -43,6 +60,13 @@ class MoESpec(_Spec):
     shared_ffn: int = Field(0, ge=0, description="FFN width of the shared expert MLP (all shared experts together)")
     shared_gate: bool = Field(False, description="a sigmoid gate on the shared expert's output (Qwen2-MoE)")
     dense_layers: int = Field(0, ge=0, description="the first k layers have a dense MLP of `ffn_hidden` (DeepSeek)")
+    step: PositiveInt = Field(1, description="every step-th layer is MoE (layer i when (i + 1) % step == 0: Llama 4's "
+                              "interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)")
+    dense_ids: tuple[int, ...] = Field((), description="layers with a dense MLP whatever the pattern (mlp_only_layers)")
+    bias: bool = Field(False, description="biases on the router and every expert projection (gpt-oss)")
+    n_group: PositiveInt | None = Field(None, description="DeepSeek's router: expert groups (None: 8 where the "
+                                        "experts are 64 or more and divide by 8, else 1)")
+    topk_group: PositiveInt | None = Field(None, description="DeepSeek's router: groups a token's experts come from")
     norm_topk_prob: bool = Field(True, description="top-k routing weights renormalised to sum to 1")
 
     @model_validator(mode="after")
@@ -76,6 +100,27 @@ class ModelSpec(_Spec):
     qk_norm: bool = Field(False, description="RMSNorm on each query and key head (Qwen3)")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    # features of the 2026 families (docs/models.md); the defaults are the Llama block
+    layer_types: tuple[AttentionKind, ...] | None = Field(
+        None, description="attention of each layer: full, sliding (window), chunked (chunk) or linear "
+        "(linear_attention); None: all full")
+    window: PositiveInt | None = Field(None, description="sliding-window layers: keys a query attends to, itself "
+                                       "included")
+    chunk: PositiveInt | None = Field(None, description="chunked layers: a query attends within its chunk")
+    attention_sinks: bool = Field(False, description="a learned logit per head in each softmax (gpt-oss)")
+    o_bias: bool = Field(False, description="a bias on the attention output projection (attention_bias)")
+    mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (mlp_bias)")
+    norm_layout: Literal["pre", "post", "sandwich"] = Field(
+        "pre", description="pre: norm before attention/MLP; post: after them, before the residual add (OLMo 2); "
+        "sandwich: both (Gemma 3)")
+    qk_norm_scope: Literal["head", "all"] = Field("head", description="q/k norm over each head or all heads (OLMo 2)")
+    rotary_fraction: float = Field(1.0, gt=0, le=1, description="share of each head's dims that rotary rotates")
+    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules (num_nextn_predict_layers): each an "
+                            "input projection, one decoder layer, a norm, the shared head and a loss")
+    linear_attn: LinearAttnSpec | None = Field(None, description="Gated DeltaNet layers (layer_types 'linear')")
+    notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
+    attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
+                                   "(Qwen3-Next)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -88,11 +133,21 @@ class ModelSpec(_Spec):
             raise ValueError("family 'gpt' is the Megatron GPT: layernorm, gelu, learned positions, no MoE or MLA")
         if self.moe is not None and self.moe.dense_layers > self.num_layers:
             raise ValueError(f"moe.dense_layers ({self.moe.dense_layers}) exceeds num_layers ({self.num_layers})")
-        if (self.family == "deepseek_v3") != (self.mla is not None):
-            raise ValueError("mla is given exactly for family 'deepseek_v3'")
-        if (self.family in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")) != (self.moe is not None):
+        if (self.family in MLA_FAMILIES) != (self.mla is not None):
+            raise ValueError(f"mla is given exactly for the families {', '.join(MLA_FAMILIES)}")
+        if (self.family in MOE_FAMILIES) != (self.moe is not None):
             raise ValueError(f"family {self.family!r}: moe must be given exactly for the MoE families")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+            for kind, size, what in (("sliding", self.window, "window"), ("chunked", self.chunk, "chunk"),
+                                     ("linear", self.linear_attn, "linear_attn")):
+                if kind in self.layer_types and size is None:
+                    raise ValueError(f"layer_types has {kind!r} layers: {what} must be given")
         return self
+
+    def attention_kind(self, i: int) -> str:
+        return "full" if self.layer_types is None else self.layer_types[i]
 
     @property
     def kv(self) -> int:
@@ -104,53 +159,108 @@ class ModelSpec(_Spec):
         return self.head_dim or self.hidden // self.heads
 
     def is_moe_layer(self, i: int) -> bool:
-        return self.moe is not None and i >= self.moe.dense_layers
+        m = self.moe
+        return m is not None and i >= m.dense_layers and (i + 1) % m.step == 0 and i not in m.dense_ids
+
+    def kv_pairs(self, i: int, seq_len: int) -> int:
+        """(query, key) pairs layer i's causal attention computes per head and sequence: s(s+1)/2 for full
+        attention, fewer in a sliding window (each query sees at most `window` keys) or within chunks."""
+        return self.kv_pairs_of(self.attention_kind(i), seq_len)
+
+    def kv_pairs_of(self, kind: str, seq_len: int) -> int:
+        s = seq_len
+        if kind == "sliding" and self.window < s:
+            w = self.window
+            return w * (w + 1) // 2 + (s - w) * w
+        if kind == "chunked" and self.chunk < s:
+            c, full = self.chunk, s // self.chunk
+            r = s - full * c
+            return full * c * (c + 1) // 2 + r * (r + 1) // 2
+        return s * (s + 1) // 2
 
     # ---------------------------------------------------------------------------------------------- parameters
 
-    def attention_params(self) -> int:
+    def attention_split_params(self) -> tuple[int, int]:
+        """(attention parameters split over TP ranks, parameters replicated on each) of a softmax-attention layer."""
         h, a, kv, d = self.hidden, self.heads, self.kv, self.dim
         if self.mla is not None:
             m = self.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            q = h * a * qk if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk
-            kv_ = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
-                + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
-            return q + kv_ + a * m.v_head_dim * h
+            replicated = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+            split = m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim) + a * m.v_head_dim * h
+            if m.q_lora_rank:
+                replicated += h * m.q_lora_rank + m.q_lora_rank
+                split += m.q_lora_rank * a * qk
+            else:
+                split += h * a * qk
+            return split, replicated
         if self.family == "gpt":
-            return 3 * h * h + 3 * h + h * h + h
-        p = h * a * d + 2 * h * kv * d + a * d * h
-        if self.qkv_bias:
-            p += a * d + 2 * kv * d
+            return 3 * h * h + 3 * h + h * h, h
+        q = a * d * (2 if self.attn_output_gate else 1)
+        split = h * q + 2 * h * kv * d + a * d * h + (a * d + 2 * kv * d if self.qkv_bias else 0) \
+            + (a if self.attention_sinks else 0)
+        replicated = h if self.o_bias else 0
         if self.qk_norm:
-            p += 2 * d
-        return p
+            if self.qk_norm_scope == "all":
+                split += a * d + kv * d
+            else:
+                replicated += 2 * d
+        return split, replicated
+
+    def linear_attn_split_params(self) -> tuple[int, int]:
+        """(split, replicated) parameters of a Gated DeltaNet layer's attention (Qwen3-Next)."""
+        la, h = self.linear_attn, self.hidden
+        assert la is not None
+        k, v = la.key_heads * la.key_dim, la.value_heads * la.value_dim
+        split = h * (2 * k + 2 * v) + h * 2 * la.value_heads + (2 * k + v) * la.conv_kernel \
+            + 2 * la.value_heads + v * h
+        return split, la.value_dim
+
+    def attention_params(self, i: int = 0) -> int:
+        split, replicated = self.linear_attn_split_params() if self.attention_kind(i) == "linear" \
+            else self.attention_split_params()
+        return split + replicated
 
     def dense_mlp_params(self) -> int:
         h, f = self.hidden, self.ffn_hidden
-        return 2 * h * f + f + h if self.mlp == "gelu" else 3 * h * f
+        if self.mlp == "gelu":
+            return 2 * h * f + f + h
+        return 3 * h * f + (2 * f + h if self.mlp_bias else 0)
 
     def moe_params(self) -> tuple[int, int]:
         """(routed-expert parameters, other MoE-block parameters: router, shared experts, shared gate)."""
         m, h = self.moe, self.hidden
         assert m is not None
-        routed = m.experts * 3 * h * m.expert_ffn
-        other = m.experts * h + (3 * h * m.shared_ffn if m.shared_ffn else 0) + (h if m.shared_gate else 0)
+        routed = m.experts * (3 * h * m.expert_ffn + (2 * m.expert_ffn + h if m.bias else 0))
+        other = m.experts * h + (m.experts if m.bias else 0) + (3 * h * m.shared_ffn if m.shared_ffn else 0) \
+            + (h if m.shared_gate else 0)
         return routed, other
 
     def norm_params(self) -> int:
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
+    def layer_norms(self) -> int:
+        """Norms per layer: before attention and MLP, after them, or both (sandwich)."""
+        return 4 if self.norm_layout == "sandwich" else 2
+
     def layer_params(self, i: int) -> int:
         mlp = sum(self.moe_params()) if self.is_moe_layer(i) else self.dense_mlp_params()
-        return self.attention_params() + mlp + 2 * self.norm_params()
+        return self.attention_params(i) + mlp + self.layer_norms() * self.norm_params()
+
+    def mtp_params(self) -> int:
+        """One multi-token-prediction module (DeepSeek-V3): embedding and hidden norms, the 2h -> h projection, a
+        decoder layer as the last one, the head's norm (embedding and head are shared with the main model)."""
+        h = self.hidden
+        return 3 * self.norm_params() + 2 * h * h + self.layer_params(self.num_layers - 1)
 
     def params(self, seq_len: int = 2048) -> int:
-        """Total parameters (learned positions: `seq_len` of them, as Megatron sizes its position table)."""
+        """Total parameters (learned positions: `seq_len` of them, as Megatron sizes its position table), the
+        multi-token-prediction modules included (transformers does not build them)."""
         h, v = self.hidden, self.vocab
         embed = v * h + (seq_len * h if self.positions == "learned" else 0)
         head = 0 if self.tie_embeddings or self.family == "gpt" else v * h
-        return sum(self.layer_params(i) for i in range(self.num_layers)) + embed + head + self.norm_params()
+        return sum(self.layer_params(i) for i in range(self.num_layers)) + embed + head + self.norm_params() \
+            + self.mtp_layers * self.mtp_params()
 
     def active_params(self, seq_len: int = 2048) -> int:
         """Parameters one token passes through (MoE: top_k of the routed experts)."""
@@ -158,4 +268,6 @@ class ModelSpec(_Spec):
             return self.params(seq_len)
         routed, _ = self.moe_params()
         inactive = routed * (self.moe.experts - self.moe.top_k) // self.moe.experts
-        return self.params(seq_len) - inactive * (self.num_layers - self.moe.dense_layers)
+        moe_layers = sum(self.is_moe_layer(i) for i in range(self.num_layers)) \
+            + (self.mtp_layers if self.is_moe_layer(self.num_layers - 1) else 0)
+        return self.params(seq_len) - inactive * moe_layers
