@@ -1,0 +1,62 @@
+"""Published config.json files of each family (tests/data/hf/, written from the models' published configs): lynx's
+parameter count equals transformers' for the same config (the model built on the meta device), and each goes through
+profile, plan, check and export without error."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lynx_planner.models.hf_config import read_hf_config
+from conftest import lynx
+
+DATA = Path(__file__).resolve().parent / "data" / "hf"
+CONFIGS = sorted(p.name for p in DATA.glob("*.json"))
+# where the published layers need a layout that divides them
+PP = {"phi3-mini-4k.json": 4}
+_NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype")
+
+
+def _text(cfg: dict) -> dict:
+    """The language model's config (the text part of a multimodal one), as transformers builds it for causal LM."""
+    wrappers = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+    if cfg["model_type"] in wrappers:
+        return {**cfg["text_config"], "model_type": wrappers[cfg["model_type"]]}
+    return cfg
+
+
+def _hf_count(cfg: dict) -> int:
+    import torch
+    import transformers
+
+    cfg = _text(cfg)
+    kw = {k: v for k, v in cfg.items() if k != "model_type" and k not in _NOT_CONFIG}
+    mt = {"kimi_k2": "deepseek_v3"}.get(cfg["model_type"], cfg["model_type"])
+    config = transformers.AutoConfig.for_model(mt, **kw)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_params_equal_transformers(name):
+    pytest.importorskip("transformers")
+    spec = read_hf_config(str(DATA / name))
+    cfg = json.loads((DATA / name).read_text())
+    mtp = spec.mtp_layers * spec.mtp_params()  # transformers builds no multi-token-prediction module
+    assert spec.params() - mtp == _hf_count(cfg)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_profile_plan_check_export(name, tmp_path):
+    prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
+    r = lynx("profile", DATA / name, "-o", prof, "--tp", 8, "--pp", PP.get(name, 4), "--seq-len", 4096,
+             "--num-microbatches", 8, "--hardware", "h100-80g-nvlink")
+    assert r.exit_code == 0, r.output
+    r = lynx("plan", prof, "--algo", "heu", "-o", plan)
+    assert r.exit_code == 0, r.output
+    r = lynx("check", plan)
+    assert r.exit_code == 0, r.output
+    for to in ("megatron", "torchtitan"):
+        r = lynx("export", plan, "--to", to)
+        assert r.exit_code == 0, r.output
