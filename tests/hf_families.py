@@ -26,6 +26,7 @@ CONFIGS: dict[str, dict] = {
 }
 _IDS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}  # within the tiny vocabulary
 CONFIGS["phi3"] = {"model_type": "phi3", **_COMMON, **_IDS}
+CONFIGS["olmo2"] = {"model_type": "olmo2", **_COMMON, **_IDS}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 
