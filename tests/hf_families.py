@@ -27,6 +27,11 @@ CONFIGS: dict[str, dict] = {
 _IDS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}  # within the tiny vocabulary
 CONFIGS["phi3"] = {"model_type": "phi3", **_COMMON, **_IDS}
 CONFIGS["olmo2"] = {"model_type": "olmo2", **_COMMON, **_IDS}
+# a window longer than the test's 16 tokens: the CPU's sdpa would take a mask (and expand k/v) where the GPU's flash
+# kernel takes the window; sliding layers are priced by the window in tests/test_families.py
+CONFIGS["gemma3_text"] = {"model_type": "gemma3_text", **_COMMON, **_IDS, "head_dim": 16, "sliding_window": 32,
+                          "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16,
+                          "layer_types": ["sliding_attention", "full_attention"]}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 

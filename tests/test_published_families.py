@@ -13,7 +13,7 @@ from conftest import lynx
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 CONFIGS = sorted(p.name for p in DATA.glob("*.json"))
 # where the published layers need a layout that divides them
-PP = {"phi3-mini-4k.json": 4}
+PP = {"gemma3-27b.json": 2}
 _NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype")
 
 

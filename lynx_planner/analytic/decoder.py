@@ -32,9 +32,13 @@ def hooks(spec: ModelSpec) -> SimpleNamespace:
     return SimpleNamespace(**(base | getattr(family_module(spec.family), "GRAPH", {})))
 
 
-def layer_kind(spec: ModelSpec, i: int) -> tuple[str, bool]:
-    """What makes layer i's op graph: its attention (full, sliding, chunked, linear) and whether its MLP is MoE."""
-    return spec.attention_kind(i), spec.is_moe_layer(i)
+def layer_kind(spec: ModelSpec, i: int, seq_len: int) -> tuple[str, bool]:
+    """What makes layer i's op graph: its attention (full, sliding, chunked, linear; a window or chunk that holds the
+    whole sequence is full attention) and whether its MLP is MoE."""
+    kind = spec.attention_kind(i)
+    if (kind == "sliding" and spec.window >= seq_len) or (kind == "chunked" and spec.chunk >= seq_len):
+        kind = "full"
+    return kind, spec.is_moe_layer(i)
 
 
 def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, kind: tuple[str, bool] | bool) -> Block:
@@ -128,10 +132,10 @@ def _check(spec: ModelSpec, par: ParallelConfig) -> None:
         raise ValueError(f"--ep {par.ep} does not divide the model's {spec.moe.experts} experts")
 
 
-def _block_names(spec: ModelSpec) -> dict[tuple[str, bool], str]:
+def _block_names(spec: ModelSpec, seq_len: int) -> dict[tuple[str, bool], str]:
     """Decoder block name per layer kind (layer_kind), as the profiler names them: the first kind met gets the class
     name, the next ones '_2', '_3', ..."""
-    kinds = list(dict.fromkeys(layer_kind(spec, i) for i in range(spec.num_layers)))
+    kinds = list(dict.fromkeys(layer_kind(spec, i, seq_len) for i in range(spec.num_layers)))
     return {k: f"{class_prefix(spec.family)}DecoderLayer" + ("" if j == 0 else f"_{j + 1}")
             for j, k in enumerate(kinds)}
 
@@ -143,7 +147,7 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
     par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
     hw = Hardware.model_validate_json(hw_json)
     cls = class_prefix(spec.family)
-    names = _block_names(spec)
+    names = _block_names(spec, par.seq_len)
     emb = _embedding(spec, par, hw)
     blocks = {emb.name: emb}
     blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
@@ -163,7 +167,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
         raise ValueError(f"async_tp_allreduce / gradient_accumulation_fusion false (Megatron of 2021) are priced for "
                          f"the gpt family only, not {spec.family}")
     cls = class_prefix(spec.family)
-    names = _block_names(spec)
+    names = _block_names(spec, par.seq_len)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
                           hw.model_dump_json()))
     bpp = bytes_per_param(par)
@@ -176,7 +180,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     h, v, t = spec.hidden, spec.vocab, par.tp
     layers = [layer(next(iter(blocks)), "model.embed_tokens", v * h // t)]
     for i in range(spec.num_layers):
-        layers.append(layer(names[layer_kind(spec, i)], f"model.layers.{i}", *rank_params(spec, par, i)))
+        layers.append(layer(names[layer_kind(spec, i, par.seq_len)], f"model.layers.{i}", *rank_params(spec, par, i)))
     layers.append(layer(f"{cls}RMSNorm", "model.norm", h))
     layers.append(layer("Linear", "lm_head", v * h // t if not spec.tie_embeddings or par.pp > 1 else 0))
     config: dict = {"family": spec.family, "num_layers": spec.num_layers, "hidden": h, "heads": spec.heads,

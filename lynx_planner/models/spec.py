@@ -93,7 +93,7 @@ class ModelSpec(_Spec):
     ffn_hidden: PositiveInt = Field(description="width of the dense MLP")
     vocab: PositiveInt
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    mlp: Literal["gelu", "swiglu"] = "swiglu"
+    mlp: Literal["gelu", "swiglu", "geglu"] = "swiglu"
     positions: Literal["learned", "rotary"] = "rotary"
     tie_embeddings: bool = False
     qkv_bias: bool = Field(False, description="biases on q/k/v projections (Qwen2)")

@@ -10,7 +10,7 @@ _KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_att
 
 
 def decoder(f: Fields, family: str, *, tie: bool = False, head_dim: int | None = None, act: str = "silu",
-            act_field: str = "hidden_act") -> dict:
+            act_field: str = "hidden_act", vocab: int | None = None) -> dict:
     """ModelSpec fields of the decoder's sizes; `tie` is the model_type's tie_word_embeddings default, `head_dim`
     its head_dim default where transformers has one, `act` the activation the family's MLP is priced with."""
     f.zero("attention_dropout")
@@ -25,7 +25,7 @@ def decoder(f: Fields, family: str, *, tie: bool = False, head_dim: int | None =
                "(18 bytes per parameter with Adam)")
     return dict(family=family, num_layers=f.get("num_hidden_layers"), hidden=f.get("hidden_size"), heads=heads,
                 kv_heads=f.get("num_key_value_heads", heads), head_dim=f.get("head_dim", head_dim, required=False),
-                ffn_hidden=f.get("intermediate_size"), vocab=f.get("vocab_size"),
+                ffn_hidden=f.get("intermediate_size"), vocab=f.get("vocab_size", vocab),
                 tie_embeddings=f.get("tie_word_embeddings", tie, bool))
 
 
