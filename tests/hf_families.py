@@ -32,6 +32,10 @@ CONFIGS["olmo2"] = {"model_type": "olmo2", **_COMMON, **_IDS}
 CONFIGS["gemma3_text"] = {"model_type": "gemma3_text", **_COMMON, **_IDS, "head_dim": 16, "sliding_window": 32,
                           "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 16,
                           "layer_types": ["sliding_attention", "full_attention"]}
+CONFIGS["glm4_moe"] = {"model_type": "glm4_moe", **_COMMON, **_IDS, "num_hidden_layers": 3, "head_dim": 16,
+                       "n_routed_experts": 4, "n_shared_experts": 1, "moe_intermediate_size": 32,
+                       "first_k_dense_replace": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+                       "partial_rotary_factor": 0.5, "attention_bias": True}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 

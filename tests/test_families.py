@@ -114,3 +114,26 @@ def test_qwen2_window_layers():
     assert spec.layer_types == ("full", "full", "sliding", "sliding")
     prof = profile(spec, ParallelConfig(seq_len=8192, micro_batch_size=1), HW)
     assert len({l.block for l in prof.layers[1:5]}) == 2  # full and sliding layers are two block types
+
+
+def test_mtp_layer_on_the_last_stage():
+    """DeepSeek-V3's published config has one multi-token-prediction module: its layer (norms, eh_proj, a decoder
+    layer, the shared head and its loss) follows the decoder layers; transformers does not build it."""
+    cfg = {**HF_CONFIGS["deepseek-v3"][1], "num_nextn_predict_layers": 1}
+    spec = spec_from_hf(cfg, "dsv3", "test")
+    base = spec_from_hf(HF_CONFIGS["deepseek-v3"][1], "dsv3", "test")
+    h = 7168
+    # by hand: enorm, hnorm, shared_head.norm (h each), eh_proj (2h x h), one MoE layer as the last
+    assert spec.mtp_params() == 3 * h + 2 * h * h + base.layer_params(60)
+    assert spec.params() == base.params() + spec.mtp_params()
+    prof = profile(spec, ParallelConfig(seq_len=1024, micro_batch_size=1, pp=4, tp=8, dp=8, ep=8,
+                                        num_microbatches=8), HW)
+    names = [l.name for l in prof.layers]
+    assert names[-4:] == ["model.layers.60", "model.layers.61", "model.norm", "lm_head"]
+    mtp = prof.blocks[prof.layers[-3].block]
+    ids = [op.id for op in mtp.ops]
+    assert "eh_proj:mm#0" in ids and "shared_head.head:mm#0" in ids and "loss:mtp_cross_entropy#0" in ids
+    assert any(i.startswith("mtp_block.mlp.experts:") for i in ids)
+    with_mtp = profile(spec, ParallelConfig(seq_len=1024, micro_batch_size=1, tp=8, dp=8, ep=8), HW)
+    without = profile(base, ParallelConfig(seq_len=1024, micro_batch_size=1, tp=8, dp=8, ep=8), HW)
+    assert sum(l.params for l in with_mtp.layers) - sum(l.params for l in without.layers) > 0

@@ -12,8 +12,11 @@ from conftest import lynx
 
 DATA = Path(__file__).resolve().parent / "data" / "hf"
 CONFIGS = sorted(p.name for p in DATA.glob("*.json"))
-# where the published layers need a layout that divides them
-PP = {"gemma3-27b.json": 2}
+# the layout each runs on (the MoE models with expert parallelism, so that their experts fit)
+LAYOUT = {"gemma3-27b.json": ["--pp", 2]}
+MOE = ["--pp", 4, "--dp", 8, "--ep", 8]
+LAYOUT |= {name: MOE for name in ("glm4.5-air.json", "deepseek-v2-lite.json", "kimi-k2.json", "gpt-oss-120b.json",
+                                  "llama4-scout.json", "qwen3-next-80b.json")}
 _NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype")
 
 
@@ -50,7 +53,7 @@ def test_params_equal_transformers(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_profile_plan_check_export(name, tmp_path):
     prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
-    r = lynx("profile", DATA / name, "-o", prof, "--tp", 8, "--pp", PP.get(name, 4), "--seq-len", 4096,
+    r = lynx("profile", DATA / name, "-o", prof, "--tp", 8, *LAYOUT.get(name, ["--pp", 4]), "--seq-len", 4096,
              "--num-microbatches", 8, "--hardware", "h100-80g-nvlink")
     assert r.exit_code == 0, r.output
     r = lynx("plan", prof, "--algo", "heu", "-o", plan)

@@ -99,6 +99,40 @@ def _lm_head(spec: ModelSpec, par: ParallelConfig, hw: Hardware) -> Block:
     return Block(name="Linear", input_bytes=ACT * n_loc * h, output_bytes=0, ops=ops.ops)
 
 
+def _mtp_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str) -> Block:
+    """A multi-token-prediction module (DeepSeek-V3, GLM-4.5), on the last stage after the decoder layers: the next
+    tokens' embedding and the hidden states each normed, concatenated and projected back to h (eh_proj), a decoder
+    layer like the last one, the shared head's norm, the head GEMM and its loss. The main hidden states pass on to
+    the final norm unchanged (output_bytes)."""
+    n, h, v, t = par.seq_len * par.micro_batch_size, spec.hidden, spec.vocab, par.tp
+    n_loc = n // t if par.sequence_parallel else n
+    ops = _OpList(hw)
+    g = hooks(spec)
+    x = ACT * n_loc * h
+    emb = ops.elementwise("embed_tokens:embedding#0", x, 2 * x, 2 * x, inputs=[])
+    en = g.norm(ops, "enorm", emb, n_loc * h, n_loc)
+    hn = g.norm(ops, "hnorm", BLOCK_INPUT, n_loc * h, n_loc)
+    cat = ew(ops, ":cat#0", 2 * x, inputs=[en, hn])
+    tp = _TP(par, hw, n, h)
+    ops.gemm("eh_proj:mm#0", n_loc, 2 * h, h, saves=[cat], inputs=[cat])  # replicated (as the down-projections)
+    inner = layer_block(spec, par, hw, name, layer_kind(spec, spec.num_layers - 1, par.seq_len))
+    first, rename = len(ops.ops), {BLOCK_INPUT: ops.last}
+    for op in inner.ops:
+        rename[op.id] = f"mtp_block.{op.id}"
+    for op in inner.ops:
+        ops.ops.append(op.model_copy(update={
+            "id": rename[op.id], "module": f"mtp_block.{op.module}" if op.module else "mtp_block",
+            "inputs": [rename.get(r, r) for r in op.inputs], "saves": [rename.get(r, r) for r in op.saves]}))
+    ops.last = ops.ops[-1].id if len(ops.ops) > first else ops.last
+    normed = g.norm(ops, "shared_head.norm", ops.last, n_loc * h, n_loc)
+    src = tp.before_column(ops, "shared_head.head", costs.gemm_s(2.0 * n * h * v / t, hw))
+    logits = ops.gemm("shared_head.head:mm#0", n, h, v // t, saves=[normed], inputs=[src])
+    fwd, bwd = cross_entropy_s(n, v // t, hw, t)
+    ops.add("loss:mtp_cross_entropy#0", inputs=[logits], fwd_s=fwd, bwd_s=bwd, out_bytes=STAT * n,
+            aux_bytes=STAT * n * v // t, tags=[OUTSIDE])
+    return Block(name=name, input_bytes=x, output_bytes=x, ops=ops.ops)
+
+
 def rank_params(spec: ModelSpec, par: ParallelConfig, i: int | bool) -> tuple[int, int]:
     """(parameters on one TP x EP rank outside the routed experts, routed-expert parameters on it) of layer i (or,
     given a bool, of a full-attention layer that is MoE or not)."""
@@ -151,6 +185,8 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
     emb = _embedding(spec, par, hw)
     blocks = {emb.name: emb}
     blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
+    if spec.mtp_layers:
+        blocks[f"{cls}MTPLayer"] = _mtp_block(spec, par, hw, f"{cls}MTPLayer")
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
     blocks["Linear"] = _lm_head(spec, par, hw)
     return blocks
@@ -181,10 +217,17 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     layers = [layer(next(iter(blocks)), "model.embed_tokens", v * h // t)]
     for i in range(spec.num_layers):
         layers.append(layer(names[layer_kind(spec, i, par.seq_len)], f"model.layers.{i}", *rank_params(spec, par, i)))
+    if spec.mtp_layers:  # embedding and head shared with the main model (the head is on this stage)
+        dense, experts = rank_params(spec, par, spec.num_layers - 1)
+        mtp_extra = spec.mtp_params() - spec.layer_params(spec.num_layers - 1)  # norms and eh_proj, replicated
+        for k in range(spec.mtp_layers):
+            layers.append(layer(f"{cls}MTPLayer", f"model.layers.{spec.num_layers + k}", dense + mtp_extra, experts))
     layers.append(layer(f"{cls}RMSNorm", "model.norm", h))
     layers.append(layer("Linear", "lm_head", v * h // t if not spec.tie_embeddings or par.pp > 1 else 0))
     config: dict = {"family": spec.family, "num_layers": spec.num_layers, "hidden": h, "heads": spec.heads,
                     "kv_heads": spec.kv, "ffn_hidden": spec.ffn_hidden, "vocab": v}
+    if spec.mtp_layers:
+        config["mtp_layers"] = spec.mtp_layers
     if spec.moe is not None:
         config |= {"experts": spec.moe.experts, "top_k": spec.moe.top_k, "expert_ffn": spec.moe.expert_ffn,
                    "active_params": spec.active_params(par.seq_len)}

@@ -136,7 +136,7 @@ def moe(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) ->
     if shared_first:
         shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn // t, src, ln)
         shared = tp.after_row(ops, "mlp.shared_expert.down_proj")
-    router = _deepseek_router if spec.family == "deepseek_v3" else _softmax_router
+    router = _deepseek_router if m.scoring == "sigmoid" else _softmax_router
     top, w, wb = router(ops, spec, n, src, ln)
     routed = _experts(ops, spec, par, n, src, top, w, wb)
     routed = tp.after_row(ops, "mlp.experts")

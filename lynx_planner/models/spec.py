@@ -64,6 +64,8 @@ class MoESpec(_Spec):
                               "interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)")
     dense_ids: tuple[int, ...] = Field((), description="layers with a dense MLP whatever the pattern (mlp_only_layers)")
     bias: bool = Field(False, description="biases on the router and every expert projection (gpt-oss)")
+    scoring: Literal["softmax", "sigmoid"] = Field("softmax", description="router scores: softmax top-k, or "
+                                                   "DeepSeek's sigmoid with group-limited top-k")
     n_group: PositiveInt | None = Field(None, description="DeepSeek's router: expert groups (None: 8 where the "
                                         "experts are 64 or more and divide by 8, else 1)")
     topk_group: PositiveInt | None = Field(None, description="DeepSeek's router: groups a token's experts come from")

@@ -27,7 +27,7 @@ def read(f, model_type: str) -> dict:
     kw["moe"] = MoESpec(experts=f.get("n_routed_experts"), top_k=f.get("num_experts_per_tok"),
                         expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
                         dense_layers=f.get("first_k_dense_replace", 0),
-                        norm_topk_prob=f.get("norm_topk_prob", True, bool),
+                        norm_topk_prob=f.get("norm_topk_prob", True, bool), scoring="sigmoid",
                         n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False))
     kw["mla"] = MLASpec(q_lora_rank=f.get("q_lora_rank", required=False) or None,
                         kv_lora_rank=f.get("kv_lora_rank"), qk_rope_head_dim=f.get("qk_rope_head_dim"),

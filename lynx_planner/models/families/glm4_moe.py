@@ -1,0 +1,63 @@
+"""GLM-4.5 / GLM-4.5-Air (glm4_moe): GQA with q/k/v biases (attention_bias), partial rotary (partial_rotary_factor,
+0.5), optional per-head q/k norms (use_qk_norm), the first k layers dense, then DeepSeek-V3's MoE (sigmoid
+group-limited routing, a shared expert), and multi-token-prediction modules (num_nextn_predict_layers)."""
+
+from __future__ import annotations
+
+from ..spec import MoESpec
+from ._common import decoder
+
+MODEL_TYPES = ("glm4_moe",)
+CLASS_PREFIX = "Glm4Moe"
+# routed_scaling_factor: one multiply already in the router's graph
+IGNORED = frozenset({"routed_scaling_factor"})
+
+
+def read(f, model_type: str) -> dict:
+    kw = decoder(f, "glm4_moe")
+    n_shared = f.get("n_shared_experts", 0)
+    expert_ffn = f.get("moe_intermediate_size")
+    kw["moe"] = MoESpec(experts=f.get("n_routed_experts"), top_k=f.get("num_experts_per_tok"),
+                        expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
+                        dense_layers=f.get("first_k_dense_replace", 0), scoring="sigmoid",
+                        norm_topk_prob=f.get("norm_topk_prob", True, bool),
+                        n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False))
+    return kw | dict(qkv_bias=f.get("attention_bias", False, bool), qk_norm=f.get("use_qk_norm", False, bool),
+                     rotary_fraction=f.get("partial_rotary_factor", 0.5, kind=float, required=False),
+                     mtp_layers=f.get("num_nextn_predict_layers", 0))
+
+
+def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
+    from ... import costs
+    from ...analytic.attention import _flash, window_share
+    from ...analytic.ops import ACT, ew, hf_rms_norm
+
+    s, b, h, t = par.seq_len, par.micro_batch_size, spec.hidden, par.tp
+    n, d, heads, kv = s * b, spec.dim, spec.heads // t, spec.kv // t
+    mm = "addmm" if spec.qkv_bias else "mm"
+    src = tp.before_column(ops, "self_attn.q_proj", costs.gemm_s(2.0 * n * h * (heads + 2 * kv) * d, ops.hw))
+    q = ops.gemm(f"self_attn.q_proj:{mm}#0", n, h, heads * d, saves=[ln], inputs=[src])
+    if spec.qk_norm:
+        q = hf_rms_norm(ops, "self_attn.q_norm", q, n * heads * d, n * heads)
+    k = ops.gemm(f"self_attn.k_proj:{mm}#0", n, h, kv * d, saves=[ln], inputs=[src])
+    if spec.qk_norm:
+        k = hf_rms_norm(ops, "self_attn.k_norm", k, n * kv * d, n * kv)
+    v = ops.gemm(f"self_attn.v_proj:{mm}#0", n, h, kv * d, saves=[ln], inputs=[src])
+    rot = int(d * spec.rotary_fraction)
+    rotated = []
+    for j, (x, width) in enumerate(((q, heads), (k, kv))):  # both rotary parts, then both concatenations
+        r = ACT * n * width * rot
+        a = ew(ops, f"self_attn:mul#{2 * j}", r, inputs=[x])
+        neg = ew(ops, f"self_attn:neg#{j}", r // 2, inputs=[x])
+        cat = ew(ops, f"self_attn:cat#{j}", r, inputs=[neg, x])
+        m = ew(ops, f"self_attn:mul#{2 * j + 1}", r, inputs=[cat])
+        rotated.append(ew(ops, f"self_attn:add#{j}", r, inputs=[a, m]))
+    q = ew(ops, "self_attn:cat#2", ACT * n * heads * d, inputs=[rotated[0], q])
+    k = ew(ops, "self_attn:cat#3", ACT * n * kv * d, inputs=[rotated[1], k])
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    out = ew(ops, "self_attn:clone#0", ACT * n * heads * d, inputs=[core])  # the transposed output made contiguous
+    ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[out], inputs=[out])
+    return tp.after_row(ops, "self_attn.o_proj")
+
+
+GRAPH = {"attention": attention}
