@@ -36,6 +36,11 @@ CONFIGS["glm4_moe"] = {"model_type": "glm4_moe", **_COMMON, **_IDS, "num_hidden_
                        "n_routed_experts": 4, "n_shared_experts": 1, "moe_intermediate_size": 32,
                        "first_k_dense_replace": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
                        "partial_rotary_factor": 0.5, "attention_bias": True}
+CONFIGS["deepseek_v2"] = {"model_type": "deepseek_v2", **{**_COMMON, "num_key_value_heads": 4}, **_IDS,
+                          "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                          "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3,
+                          "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+                          "v_head_dim": 16, "n_group": 1, "topk_group": 1, "topk_method": "greedy"}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 

@@ -1,7 +1,7 @@
 """The analytic op graph of each Hugging Face decoder family against lynx's own profile of the HF model built from
 the same (tiny) config in bf16: same layers and parameters, same op ids in the same order, same saved tensors and
-bytes. DeepSeek-V3's attention core is the one exception: on the CPU sdpa decomposes MLA's attention (q/k head dim
-differs from v's) into math ops, where the analytic graph has the fused kernel of the GPU."""
+bytes. DeepSeek-V3's and V2's attention core is the one exception: on the CPU sdpa decomposes MLA's attention (q/k
+head dim differs from v's) into math ops, where the analytic graph has the fused kernel of the GPU."""
 
 import sys
 from pathlib import Path
@@ -50,7 +50,7 @@ def test_analytic_matches_profiled_hf_model(family):
             block = block.model_copy(update={"ops": block.ops[:-1]})
         theirs = real.blocks[name]
         skip: set[str] = set()
-        if family.startswith("deepseek_v3") and "DecoderLayer" in name:
+        if family.startswith(("deepseek_v3", "deepseek_v2")) and "DecoderLayer" in name:
             ours_ids = [op.id for op in block.ops]
             core = {op.id for op in theirs.ops} - set(ours_ids)
             skip = core | {FUSED_CORE, "self_attn.o_proj:mm#0"}

@@ -124,8 +124,9 @@ def _experts(ops: _OpList, spec: ModelSpec, par: ParallelConfig, n: int, src: st
     return total
 
 
-def moe(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) -> str:
-    """The MoE block of the spec's family; returns the id carrying its output."""
+def moe(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str, router=None) -> str:
+    """The MoE block of the spec's family; returns the id carrying its output. `router`: a family's own router
+    graph (ops, spec, n, src, ln) -> (top-k op, weights op, bytes per weight), else softmax or sigmoid by scoring."""
     m = spec.moe
     assert m is not None
     n, h, t = par.seq_len * par.micro_batch_size, spec.hidden, par.tp
@@ -136,7 +137,7 @@ def moe(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str) ->
     if shared_first:
         shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn // t, src, ln)
         shared = tp.after_row(ops, "mlp.shared_expert.down_proj")
-    router = _deepseek_router if m.scoring == "sigmoid" else _softmax_router
+    router = router or (_deepseek_router if m.scoring == "sigmoid" else _softmax_router)
     top, w, wb = router(ops, spec, n, src, ln)
     routed = _experts(ops, spec, par, n, src, top, w, wb)
     routed = tp.after_row(ops, "mlp.experts")

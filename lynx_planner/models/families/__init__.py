@@ -24,7 +24,8 @@ COMMON_IGNORED = frozenset({
     "router_aux_loss_coef", "pretraining_tp", "original_max_position_embeddings", "chat_template", "generation_config",
 })
 
-_MODULES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen_moe", "deepseek", "phi3", "olmo2", "gemma3",
+_MODULES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen_moe", "deepseek", "deepseek_v2", "phi3", "olmo2",
+            "gemma3",
             "glm4_moe", "gpt_oss", "llama4", "qwen3_next")
 
 
