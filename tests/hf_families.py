@@ -41,15 +41,23 @@ CONFIGS["deepseek_v2"] = {"model_type": "deepseek_v2", **{**_COMMON, "num_key_va
                           "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3,
                           "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
                           "v_head_dim": 16, "n_group": 1, "topk_group": 1, "topk_method": "greedy"}
+# gpt-oss: transformers has no sdpa core for it (eager, compared but for the core); window > 16 tokens, see Gemma 3
+CONFIGS["gpt_oss"] = {"model_type": "gpt_oss", **_COMMON, **_IDS, "head_dim": 16, "num_local_experts": 4,
+                      "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 32,
+                      "layer_types": ["sliding_attention", "full_attention"]}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
+
+
+EAGER = ("gpt_oss",)  # families transformers runs with an eager attention core only
 
 
 def lynx_model(family: str = "llama", batch_size: int = 2, seq_len: int = 16):
     import transformers
 
     cfg = dict(CONFIGS[family])
+    eager = cfg["model_type"] in EAGER
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg, max_position_embeddings=seq_len,
-                                               use_cache=False, attn_implementation="sdpa")
+                                               use_cache=False, attn_implementation="eager" if eager else "sdpa")
     model = transformers.AutoModelForCausalLM.from_config(config)
     return model, (torch.randint(0, cfg["vocab_size"], (batch_size, seq_len)),)

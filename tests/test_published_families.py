@@ -18,7 +18,8 @@ MOE = ["--pp", 4, "--dp", 8, "--ep", 8]
 LAYOUT |= {name: MOE for name in ("glm4.5-air.json", "deepseek-v2-lite.json", "gpt-oss-120b.json",
                                   "llama4-scout.json", "qwen3-next-80b.json")}
 LAYOUT |= {name: ["--pp", 16, "--dp", 8, "--ep", 8] for name in ("kimi-k2.json", "deepseek-v3.json")}
-_NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype")
+_NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype",
+               "quantization_config")
 
 
 def _text(cfg: dict) -> dict:
