@@ -45,6 +45,10 @@ CONFIGS["deepseek_v2"] = {"model_type": "deepseek_v2", **{**_COMMON, "num_key_va
 CONFIGS["gpt_oss"] = {"model_type": "gpt_oss", **_COMMON, **_IDS, "head_dim": 16, "num_local_experts": 4,
                       "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 32,
                       "layer_types": ["sliding_attention", "full_attention"]}
+# Llama 4: dense and MoE layers alternating, a NoPE layer (the 4th); its MoE layers are compared for params only
+CONFIGS["llama4_text"] = {"model_type": "llama4_text", **_COMMON, **_IDS, "num_hidden_layers": 4, "head_dim": 16,
+                          "intermediate_size": 32, "intermediate_size_mlp": 128, "num_local_experts": 4,
+                          "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "attention_chunk_size": 32}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 

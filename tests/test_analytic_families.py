@@ -24,6 +24,9 @@ from hf_families import CONFIGS  # noqa: E402
 HW = HARDWARE["h100-80g-nvlink"]
 PAR = ParallelConfig(seq_len=16, micro_batch_size=2)
 FUSED_CORE = "self_attn:_scaled_dot_product_flash_attention#0"
+# blocks not compared op by op: Llama 4's MoE layers, which transformers runs densely (every expert on every token)
+# where the analytic graph routes tokens as the training stacks do (parameters are still compared)
+DENSE_ONLY = {"llama4_text": ("Llama4TextDecoderLayer_2", "Llama4TextDecoderLayer_3")}
 
 
 def _profiles(family: str):
@@ -47,6 +50,8 @@ def test_analytic_matches_profiled_hf_model(family):
     real_layers = [(l.block, l.name, l.params) for l in real.layers if l.params or "rotary" not in l.name]
     assert [(l.block, l.name, l.params) for l in ana.layers] == real_layers
     for name, block in ana.blocks.items():
+        if name in DENSE_ONLY.get(family, ()):
+            continue
         if name == "Linear":  # the analytic head adds the loss's fp32 softmax, outside HF's lm_head module
             block = block.model_copy(update={"ops": block.ops[:-1]})
         theirs = real.blocks[name]

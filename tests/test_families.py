@@ -137,3 +137,18 @@ def test_mtp_layer_on_the_last_stage():
     with_mtp = profile(spec, ParallelConfig(seq_len=1024, micro_batch_size=1, tp=8, dp=8, ep=8), HW)
     without = profile(base, ParallelConfig(seq_len=1024, micro_batch_size=1, tp=8, dp=8, ep=8), HW)
     assert sum(l.params for l in with_mtp.layers) - sum(l.params for l in without.layers) > 0
+
+
+def test_llama4_chunked_and_nope_layers():
+    from pathlib import Path
+
+    spec = read_hf_config(str(Path(__file__).parent / "data" / "hf" / "llama4-scout.json"))
+    assert spec.layer_types[:4] == ("chunked", "chunked", "chunked", "full") and spec.nope_layers[:2] == (3, 7)
+    assert spec.moe.shared_ffn == spec.moe.expert_ffn == 8192 and spec.ffn_hidden == 16384
+    assert all(spec.is_moe_layer(i) for i in range(48))
+    prof = profile(spec, ParallelConfig(seq_len=16384, micro_batch_size=1, tp=8), HW)
+    chunked, nope = (prof.blocks[prof.layers[i].block] for i in (1, 4))
+    core = {b.name: next(op for op in b.ops if op.id == CORE).flops for b in (chunked, nope)}
+    # chunks of 8192 in 16384 tokens: two chunks' causal pairs against the full causal triangle, by hand
+    share = 2 * (8192 * 8193 // 2) / (16384 * 16385 // 2)
+    assert core[chunked.name] == pytest.approx(core[nope.name] * share)

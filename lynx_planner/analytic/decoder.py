@@ -33,11 +33,13 @@ def hooks(spec: ModelSpec) -> SimpleNamespace:
 
 
 def layer_kind(spec: ModelSpec, i: int, seq_len: int) -> tuple[str, bool]:
-    """What makes layer i's op graph: its attention (full, sliding, chunked, linear; a window or chunk that holds the
-    whole sequence is full attention) and whether its MLP is MoE."""
+    """What makes layer i's op graph: its attention (full, sliding, chunked, linear, nope; a window or chunk that holds
+    the whole sequence is full attention) and whether its MLP is MoE."""
     kind = spec.attention_kind(i)
     if (kind == "sliding" and spec.window >= seq_len) or (kind == "chunked" and spec.chunk >= seq_len):
         kind = "full"
+    if i in spec.nope_layers:
+        kind = "nope"  # full attention without rotary: its own op graph
     return kind, spec.is_moe_layer(i)
 
 

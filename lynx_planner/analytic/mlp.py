@@ -21,14 +21,14 @@ IDX = 8  # bytes of an int64 index
 
 
 def swiglu(ops: _OpList, tp: _TP | None, prefix: str, n: int, h: int, f: int, src: str, ln: str,
-           bias: bool = False, act: str = "silu") -> str:
+           bias: bool = False, act: str = "silu", act_module: str = "act_fn") -> str:
     """gate_proj, SiLU, up_proj, product, down_proj on n tokens of width h, FFN f (already split by TP); `bias`:
     the projections have biases (mlp_bias: addmm); `act`: the gate's activation (gelu: GeGLU)."""
     mm = "addmm" if bias else "mm"
     if tp is not None:
         src = tp.before_column(ops, f"{prefix}.gate_proj", costs.gemm_s(4.0 * n * h * f, ops.hw))
     gate = ops.gemm(f"{prefix}.gate_proj:{mm}#0", n, h, f, saves=[ln], inputs=[src])
-    act = ew(ops, f"{prefix}.act_fn:{act}#0", ACT * n * f, saves=[gate])
+    act = ew(ops, f"{prefix}.{act_module}:{act}#0", ACT * n * f, saves=[gate])
     up = ops.gemm(f"{prefix}.up_proj:{mm}#0", n, h, f, saves=[ln], inputs=[src])
     prod = ew(ops, f"{prefix}:mul#0", ACT * n * f, inputs=[act, up], saves=[up, act])
     ops.gemm(f"{prefix}.down_proj:{mm}#0", n, f, h, saves=[prod], inputs=[prod])

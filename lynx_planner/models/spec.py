@@ -120,6 +120,9 @@ class ModelSpec(_Spec):
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules (num_nextn_predict_layers): each an "
                             "input projection, one decoder layer, a norm, the shared head and a loss")
     linear_attn: LinearAttnSpec | None = Field(None, description="Gated DeltaNet layers (layer_types 'linear')")
+    qk_l2_norm: bool = Field(False, description="a weightless L2 norm on q and k after rotary (Llama 4)")
+    nope_layers: tuple[int, ...] = Field((), description="layers without rotary (Llama 4's NoPE layers: full "
+                                         "attention, temperature-scaled queries)")
     notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
     attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
                                    "(Qwen3-Next)")
