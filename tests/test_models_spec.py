@@ -15,7 +15,9 @@ def _hf_count(cfg: dict) -> int:
     import transformers
 
     kw = {k: v for k, v in cfg.items() if k != "model_type"}
-    config = transformers.AutoConfig.for_model(cfg["model_type"], **kw)
+    # Kimi K2's model_type names a DeepSeek-V3 shape (transformers builds it as DeepseekV3ForCausalLM)
+    config = transformers.AutoConfig.for_model({"kimi_k2": "deepseek_v3"}.get(cfg["model_type"], cfg["model_type"]),
+                                               **kw)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())

@@ -90,6 +90,31 @@ HF_CONFIGS: dict[str, tuple[str, dict]] = {
         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
         "v_head_dim": 128, "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "vocab_size": 129280,
         "tie_word_embeddings": False, "hidden_act": "silu"}),
+    "gpt-oss-120b": ("openai/gpt-oss-120b config.json (the mxfp4 quantization_config of the checkpoint left out: "
+                     "trained in bf16)", {
+        "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+        "num_experts_per_tok": 4, "sliding_window": 128, "attention_bias": True, "swiglu_limit": 7.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 18, "vocab_size": 201088,
+        "tie_word_embeddings": False, "hidden_act": "silu"}),
+    "gemma3-27b": ("google/gemma-3-27b-pt config.json (text_config: the language model)", {
+        "model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 128, "intermediate_size": 21504, "query_pre_attn_scalar": 168,
+        "sliding_window": 1024, "vocab_size": 262208}),
+    "llama4-scout": ("meta-llama/Llama-4-Scout-17B-16E config.json (text_config: the language model)", {
+        "model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+        "no_rope_layers": [1, 1, 1, 0] * 12, "attention_chunk_size": 8192, "use_qk_norm": True,
+        "vocab_size": 202048, "tie_word_embeddings": False, "hidden_act": "silu"}),
+    "kimi-k2": ("moonshotai/Kimi-K2-Instruct config.json (model_type kimi_k2, a DeepSeek-V3 shape; the fp8 "
+                "quantization_config of the checkpoint left out: trained in bf16)", {
+        "model_type": "kimi_k2", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 64,
+        "num_key_value_heads": 64, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128, "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "vocab_size": 163840,
+        "tie_word_embeddings": False, "hidden_act": "silu"}),
 }
 
 
