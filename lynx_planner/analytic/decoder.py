@@ -33,8 +33,8 @@ def hooks(spec: ModelSpec) -> SimpleNamespace:
 
 
 def layer_kind(spec: ModelSpec, i: int, seq_len: int) -> tuple[str, bool]:
-    """What makes layer i's op graph: its attention (full, sliding, chunked, linear, nope; a window or chunk that holds
-    the whole sequence is full attention) and whether its MLP is MoE."""
+    """What makes layer i's op graph: its attention (full, sliding, chunked, nope; a window or chunk that holds the
+    whole sequence is full attention) and whether its MLP is MoE."""
     kind = spec.attention_kind(i)
     if (kind == "sliding" and spec.window >= seq_len) or (kind == "chunked" and spec.chunk >= seq_len):
         kind = "full"
@@ -139,9 +139,9 @@ def rank_params(spec: ModelSpec, par: ParallelConfig, i: int | bool) -> tuple[in
     """(parameters on one TP x EP rank outside the routed experts, routed-expert parameters on it) of layer i (or,
     given a bool, of a full-attention layer that is MoE or not)."""
     h, t = spec.hidden, par.tp
-    is_moe, kind = (i, "full") if isinstance(i, bool) else (spec.is_moe_layer(i), spec.attention_kind(i))
+    is_moe = i if isinstance(i, bool) else spec.is_moe_layer(i)
     norms = spec.layer_norms() * h
-    split, replicated = spec.linear_attn_split_params() if kind == "linear" else spec.attention_split_params()
+    split, replicated = spec.attention_split_params()
     attn = split // t + replicated
     if not is_moe:
         return attn + spec.dense_mlp_params() // t + norms, 0

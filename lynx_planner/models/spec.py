@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 Family = Literal["gpt", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                  "phi3", "olmo2", "gemma3_text", "glm4_moe", "deepseek_v2", "gpt_oss", "llama4_text", "qwen3_next"]
-AttentionKind = Literal["full", "sliding", "chunked", "linear"]
+AttentionKind = Literal["full", "sliding", "chunked"]
 MLA_FAMILIES = ("deepseek_v3", "deepseek_v2")
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss", "llama4_text",
                 "qwen3_next")
@@ -36,18 +36,6 @@ class MLASpec(_Spec):
     qk_rope_head_dim: PositiveInt
     qk_nope_head_dim: PositiveInt
     v_head_dim: PositiveInt
-
-
-class LinearAttnSpec(_Spec):
-    """Qwen3-Next's Gated DeltaNet: a fused q/k/v/z projection, a causal depthwise convolution, the gated delta rule
-    (a recurrent state of key_dim x value_dim per value head instead of an s x s attention), a gated RMSNorm and the
-    output projection."""
-
-    key_heads: PositiveInt
-    value_heads: PositiveInt
-    key_dim: PositiveInt
-    value_dim: PositiveInt
-    conv_kernel: PositiveInt
 
 
 class MoESpec(_Spec):
@@ -104,8 +92,7 @@ class ModelSpec(_Spec):
     moe: MoESpec | None = None
     # features of the 2026 families (docs/models.md); the defaults are the Llama block
     layer_types: tuple[AttentionKind, ...] | None = Field(
-        None, description="attention of each layer: full, sliding (window), chunked (chunk) or linear "
-        "(linear_attention); None: all full")
+        None, description="attention of each layer: full, sliding (window) or chunked (chunk); None: all full")
     window: PositiveInt | None = Field(None, description="sliding-window layers: keys a query attends to, itself "
                                        "included")
     chunk: PositiveInt | None = Field(None, description="chunked layers: a query attends within its chunk")
@@ -119,13 +106,10 @@ class ModelSpec(_Spec):
     rotary_fraction: float = Field(1.0, gt=0, le=1, description="share of each head's dims that rotary rotates")
     mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules (num_nextn_predict_layers): each an "
                             "input projection, one decoder layer, a norm, the shared head and a loss")
-    linear_attn: LinearAttnSpec | None = Field(None, description="Gated DeltaNet layers (layer_types 'linear')")
     qk_l2_norm: bool = Field(False, description="a weightless L2 norm on q and k after rotary (Llama 4)")
     nope_layers: tuple[int, ...] = Field((), description="layers without rotary (Llama 4's NoPE layers: full "
                                          "attention, temperature-scaled queries)")
     notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
-    attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
-                                   "(Qwen3-Next)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
@@ -145,8 +129,7 @@ class ModelSpec(_Spec):
         if self.layer_types is not None:
             if len(self.layer_types) != self.num_layers:
                 raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
-            for kind, size, what in (("sliding", self.window, "window"), ("chunked", self.chunk, "chunk"),
-                                     ("linear", self.linear_attn, "linear_attn")):
+            for kind, size, what in (("sliding", self.window, "window"), ("chunked", self.chunk, "chunk")):
                 if kind in self.layer_types and size is None:
                     raise ValueError(f"layer_types has {kind!r} layers: {what} must be given")
         return self
@@ -201,8 +184,7 @@ class ModelSpec(_Spec):
             return split, replicated
         if self.family == "gpt":
             return 3 * h * h + 3 * h + h * h, h
-        q = a * d * (2 if self.attn_output_gate else 1)
-        split = h * q + 2 * h * kv * d + a * d * h + (a * d + 2 * kv * d if self.qkv_bias else 0) \
+        split = h * a * d + 2 * h * kv * d + a * d * h + (a * d + 2 * kv * d if self.qkv_bias else 0) \
             + (a if self.attention_sinks else 0)
         replicated = h if self.o_bias else 0
         if self.qk_norm:
@@ -212,18 +194,8 @@ class ModelSpec(_Spec):
                 replicated += 2 * d
         return split, replicated
 
-    def linear_attn_split_params(self) -> tuple[int, int]:
-        """(split, replicated) parameters of a Gated DeltaNet layer's attention (Qwen3-Next)."""
-        la, h = self.linear_attn, self.hidden
-        assert la is not None
-        k, v = la.key_heads * la.key_dim, la.value_heads * la.value_dim
-        split = h * (2 * k + 2 * v) + h * 2 * la.value_heads + (2 * k + v) * la.conv_kernel \
-            + 2 * la.value_heads + v * h
-        return split, la.value_dim
-
     def attention_params(self, i: int = 0) -> int:
-        split, replicated = self.linear_attn_split_params() if self.attention_kind(i) == "linear" \
-            else self.attention_split_params()
+        split, replicated = self.attention_split_params()
         return split + replicated
 
     def dense_mlp_params(self) -> int:

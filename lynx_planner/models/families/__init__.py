@@ -25,18 +25,13 @@ COMMON_IGNORED = frozenset({
 })
 
 _MODULES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen_moe", "deepseek", "deepseek_v2", "phi3", "olmo2",
-            "gemma3", "glm4_moe", "gpt_oss", "llama4", "qwen3_next")
+            "gemma3", "glm4_moe", "gpt_oss", "llama4")
 
 
 def _load() -> tuple[dict[str, ModuleType], dict[str, ModuleType]]:
     by_type, by_family = {}, {}
     for name in _MODULES:
-        try:
-            mod = import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            continue
+        mod = import_module(f"{__name__}.{name}")
         for mt in mod.MODEL_TYPES:
             by_type[mt] = mod
         by_family[mod.FAMILY if hasattr(mod, "FAMILY") else mod.MODEL_TYPES[0]] = mod

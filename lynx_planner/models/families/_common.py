@@ -5,8 +5,7 @@ from __future__ import annotations
 from ...io import InputError
 from . import Fields
 
-_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked",
-          "linear_attention": "linear"}
+_KINDS = {"full_attention": "full", "sliding_attention": "sliding", "chunked_attention": "chunked"}
 
 
 def decoder(f: Fields, family: str, *, tie: bool = False, head_dim: int | None = None, act: str = "silu",
