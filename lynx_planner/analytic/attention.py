@@ -26,7 +26,8 @@ def _rope(ops: _OpList, src: str, nbytes: int, first: int) -> str:
 
 def _flash(ops: _OpList, q: str, k: str, v: str, b: int, s: int, heads: int, qk_dim: int, v_dim: int) -> str:
     """Fused causal attention: keeps q, k, v, its output and the fp32 logsumexp."""
-    flops = 2.0 * b * s * s * heads * (qk_dim + v_dim)  # counted non-causal, as FlopCounterMode does
+    # counted non-causal, as FlopCounterMode does; under context parallelism the local queries meet every chunk's keys
+    flops = 2.0 * b * s * s * ops.context * heads * (qk_dim + v_dim)
     fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))  # causal: half the tiles
     return ops.add("self_attn:_scaled_dot_product_flash_attention#0", inputs=[q, k, v], saves=[q, k, v, "self"],
                    fwd_s=fwd, bwd_s=2.5 * fwd, flops=flops, out_bytes=ACT * b * s * heads * v_dim,

@@ -22,11 +22,12 @@ CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3
                 "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "deepseek_v3": "DeepseekV3"}
 
 
-def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, is_moe: bool) -> Block:
-    """x + attn(norm(x)), then + mlp(norm(·)) (a dense SwiGLU or the MoE block)."""
+def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, is_moe: bool, cp: int = 1) -> Block:
+    """x + attn(norm(x)), then + mlp(norm(·)) (a dense SwiGLU or the MoE block). `par.seq_len` is the tokens of one
+    rank: seq_len / cp under context parallelism (`cp`: attention's keys span cp times them)."""
     n = par.seq_len * par.micro_batch_size
     n_loc = n // par.tp if par.sequence_parallel else n
-    ops = _OpList(hw)
+    ops = _OpList(hw, context=cp)
     tp = _TP(par, hw, n, spec.hidden)
     ln1 = hf_rms_norm(ops, "input_layernorm", BLOCK_INPUT, n_loc * spec.hidden, n_loc)
     attn = (mla if spec.mla is not None else gqa)(ops, tp, spec, par, ln1)
@@ -121,15 +122,17 @@ def _block_names(spec: ModelSpec) -> dict[bool, str]:
 
 
 @lru_cache(maxsize=32)
-def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str) -> dict[str, Block]:
+def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str, cp: int = 1
+            ) -> dict[str, Block]:
     """The blocks depend on these only (not on PP, DP or the micro-batch count): `lynx tune` builds them once per
-    (TP, micro-batch, SP, EP) and the solvers' per-block caches then hold across its layouts."""
-    par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
+    (TP, micro-batch, SP, EP, CP) and the solvers' per-block caches then hold across its layouts. Under context
+    parallelism every block is of one rank's seq / cp tokens (parallel/cp.py)."""
+    par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq // cp, sequence_parallel=sp, dp=ep, ep=ep)
     hw = Hardware.model_validate_json(hw_json)
     cls = CLASS_PREFIX[spec.family]
     names = _block_names(spec)
     blocks = {"Embedding": _embedding(spec, par, hw)}
-    blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
+    blocks |= {name: layer_block(spec, par, hw, name, k, cp) for k, name in names.items()}
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
     blocks["Linear"] = _lm_head(spec, par, hw)
     return blocks
@@ -148,7 +151,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     cls = CLASS_PREFIX[spec.family]
     names = _block_names(spec)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
-                          hw.model_dump_json()))
+                          hw.model_dump_json(), par.cp))
     bpp = bytes_per_param(par)
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
