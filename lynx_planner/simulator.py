@@ -53,6 +53,7 @@ class LayerRun:
     wgrad_s: float = 0.0  # the weight gradients (W of a split backward)
     wgrad_bytes: int = 0  # held from B to W: the weight GEMMs' and norms' output gradients (a chunk's lowest layer: and
     # the chunk's input gradient)
+    rec_beside: float = 0.0  # of rec_s on demand, what runs while the DP stream's work outlasts the layer (hidden)
     # the stream each idle segment of fwd, bwd and bwd_input waits for (streams.py); () for all TP collectives
     fwd_streams: tuple[str, ...] = ()
     bwd_streams: tuple[str, ...] = ()
@@ -198,7 +199,7 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
         f = block.split_backward
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
     return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
-                    fwd_streams, bwd_streams)
+                    fwd_streams=fwd_streams, bwd_streams=bwd_streams)
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -245,7 +246,7 @@ def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[La
         bwd, bn = _waited(r.bwd, r.bwd_streams, w.bwd_before, w.bwd_after)
         bi, bin_ = _waited(r.bwd_input, r.bwd_input_streams, w.bwd_before, w.bwd_after)
         out.append(replace(r, fwd=fwd, bwd=bwd, bwd_input=bi, fwd_streams=fn, bwd_streams=bn,
-                           bwd_input_streams=bin_))
+                           bwd_input_streams=bin_, rec_beside=w.rec_beside))
     return out
 
 
@@ -824,6 +825,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
+    for r, res in enumerate(results):  # on-demand recomputation beside the DP stream's work: its time is in the waits
+        beside = m * sum(run.rec_beside for c in schedules.chunks_of(p, v, r) for run in stage_layers[c])
+        res.exposed_s, res.hidden_s = res.exposed_s - beside, res.hidden_s + beside
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]
     reduce_gradients(profile, rank_runs, results, events)
     return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],

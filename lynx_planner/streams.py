@@ -50,13 +50,14 @@ class Group:
     size: int
     stride: int
     stream: str
+    p2p: bool = False  # sends between neighbours (a ring of p2p transfers), not a collective
 
 
 def groups(par: ParallelConfig) -> dict[str, Group]:
     """The rank's groups, by name: tp, cp, dp (gradient reduction: dp x cp ranks hold the same parameters), and under
     FSDP its shard group and (HSDP) replica group."""
     shard = fsdp.shard_size(par) if par.fsdp else par.dp
-    out = {"tp": Group("tp", par.tp, 1, TP), "cp": Group("cp", par.cp, par.tp, CP),
+    out = {"tp": Group("tp", par.tp, 1, TP), "cp": Group("cp", par.cp, par.tp, CP, p2p=True),
            "dp": Group("dp", par.dp * par.cp, par.tp, DP)}
     if par.fsdp:
         out["fsdp_shard"] = Group("fsdp_shard", shard * par.cp, par.tp, DP)
@@ -66,8 +67,12 @@ def groups(par: ParallelConfig) -> dict[str, Group]:
 
 def bus(profile: Profile, group: str) -> tuple[float, float]:
     """(bus bandwidth, latency) of one of the rank's groups, by where its ranks lie."""
-    g = groups(profile.parallel)[group]
-    return costs.group_link(profile.hardware, g.size, g.stride)
+    g, hw = groups(profile.parallel)[group], profile.hardware
+    if g.p2p:  # a ring of sends: its slowest hop, over one NIC where the ring leaves the node
+        if g.size * g.stride <= hw.gpus_per_node:
+            return costs.p2p_link(hw, g.stride)
+        return costs.link(hw, g.size * g.stride)
+    return costs.group_link(hw, g.size, g.stride)
 
 
 def link_kind(profile: Profile, group: str) -> str:
@@ -107,6 +112,7 @@ class LayerWaits:
     fwd_before: float = 0.0
     bwd_before: float = 0.0
     bwd_after: float = 0.0
+    rec_beside: float = 0.0  # on-demand recomputation of the layer that runs beside the DP stream's work: hidden
 
 
 def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: list[float],
@@ -117,7 +123,8 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     whole all-gather. Backward (explicit prefetch of one unit), layer i's backward (its on-demand recomputation
     included: FSDP2 runs a checkpointed unit's forward inside its backward, the parameters already gathered) runs
     beside the all-gather of layer i-1 and the reduce-scatter of layer i: the compute stream waits
-    max(0, AG_{i-1} + RS_i - B_i) after it. The chunk's top layer waits its whole backward all-gather; the lowest
+    max(0, AG_{i-1} + RS_i - B_i) after it; what of that its on-demand recomputation fills is hidden (rec_beside). The
+    chunk's top layer waits its whole backward all-gather; the lowest
     layer's reduce-scatter overlaps what follows (the iteration's last one is in simulator.reduce_gradients)."""
     par = profile.parallel
     if not par.fsdp:
@@ -132,8 +139,8 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     for j in range(len(layers)):
         before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])
         bwd_before = ag[j] if regather and j == len(layers) - 1 else 0.0
-        after = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j] - rec[j])
-        out.append(LayerWaits(before, bwd_before, after))
+        comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j])
+        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), min(rec[j], comm)))
     return out
 
 
