@@ -333,10 +333,19 @@ def tune_cmd(
     virtual_stages: Annotated[Optional[int], typer.Option(
         min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
         help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
+    fsdp: Annotated[bool, typer.Option("--fsdp", help=helptext.FSDP + " tune also tries HSDP with a node's worth "
+                                       "of DP ranks per shard group.")] = False,
+    reshard_after_forward: ReshardAfterForward = True,
+    hsdp_shard_size: HsdpShardSize = None,
+    cp: Annotated[Optional[int], typer.Option(
+        "--cp", min=1, show_default="searched where the sequence is long: powers of two leaving >= 16384 tokens "
+        "per rank", help=helptext.CP)] = None,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
-             as_json, out_dir, plot, schedule, virtual_stages)
+             as_json, out_dir, plot, schedule, virtual_stages,
+             sharding=dict(fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size,
+                           cp=cp))
 
 
 @command("export")
