@@ -32,4 +32,29 @@ def grad_ranks(par: ParallelConfig) -> int:
     return par.dp * par.cp
 
 
-__all__ = ["bytes_per_param", "optimizer_shards", "grad_ranks", "cp", "fsdp", "zero1"]
+def torchtitan_settings(par: ParallelConfig) -> dict[str, int]:
+    """torchtitan's [parallelism] degrees of the data-parallel and context-parallel dimensions. torchtitan has no
+    ZeRO-1: a distributed-optimizer setup is exported as FSDP over dp (its closest), plain DP as replicas."""
+    if par.fsdp:
+        out = fsdp.torchtitan_settings(par)
+    elif par.distributed_optimizer:
+        out = {"data_parallel_shard_degree": par.dp}
+    else:
+        out = {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
+    return out | cp.torchtitan_settings(par.cp)
+
+
+def megatron_flags(par: ParallelConfig) -> tuple[list[str], list[str]]:
+    """(Megatron-LM flags, notes on what they cannot express) for FSDP and context parallelism."""
+    notes = []
+    if par.fsdp and par.hsdp_shard_size:
+        notes.append(f"HSDP (shard groups of {par.hsdp_shard_size} of the {par.dp} DP ranks) is not exported: these "
+                     "flags shard over all DP ranks (Megatron FSDP's hybrid mode takes more than a flag)")
+    if par.fsdp and not par.reshard_after_forward:
+        notes.append("the profile keeps gathered parameters from forward to backward (reshard_after_forward false); "
+                     "Megatron FSDP with optim_grads_params gathers them again for the backward")
+    return fsdp.megatron_flags(par) + cp.megatron_flags(par.cp), notes
+
+
+__all__ = ["bytes_per_param", "optimizer_shards", "grad_ranks", "torchtitan_settings", "megatron_flags", "cp", "fsdp",
+           "zero1"]

@@ -104,8 +104,6 @@ def early_placements(par: ParallelConfig) -> tuple[str, ...]:
 def torchtitan_settings(par: ParallelConfig) -> dict[str, int]:
     """torchtitan's [parallelism] degrees for this setup (data_parallel_shard_degree times
     data_parallel_replicate_degree is dp; 1 replicate without HSDP)."""
-    if not par.fsdp:
-        return {"data_parallel_shard_degree": 1, "data_parallel_replicate_degree": par.dp}
     return {"data_parallel_shard_degree": shard_size(par), "data_parallel_replicate_degree": replicas(par)}
 
 
@@ -114,4 +112,6 @@ def megatron_flags(par: ParallelConfig) -> list[str]:
     `optim_grads_params`: ZeRO-3). HSDP and keeping parameters gathered have no flag there (refused by the caller)."""
     if not par.fsdp:
         return []
-    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    # Megatron FSDP turns on the distributed optimizer itself (and warns); said here, the flags say what runs
+    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+            "--use-distributed-optimizer"]
