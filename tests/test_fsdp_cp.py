@@ -106,8 +106,14 @@ def test_cp_attention_work_and_ring_exchange_by_hand():
 
     stages = stage_plans(prof, [0, len(prof.layers)], [none_policy(prof, i) for i in range(len(prof.layers))])
     ev = evaluate(prof, stages, trace=True)
-    on_cp = sum(e["dur"] for e in ev.sim.trace if e["tid"] == streams.CP) / 1e6
-    assert on_cp == pytest.approx(32 * prof.parallel.num_microbatches * (fwd + bwd), rel=1e-6)
+    waits = [e for e in ev.sim.trace if e["tid"] == streams.CP and not e["name"].startswith("K/V")]
+    m = prof.parallel.num_microbatches
+    assert sum(e["dur"] for e in waits) / 1e6 == pytest.approx(32 * m * (fwd + bwd), rel=1e-6)
+    # and the whole exchange beside the attention, hidden or not: 15 steps of the chunk (backward: with dK/dV)
+    rings = [e for e in ev.sim.trace if e["tid"] == streams.CP and e["name"].startswith("K/V")]
+    assert len(rings) == 2 * 32 * m
+    assert sum(e["dur"] for e in rings) / 1e6 == pytest.approx(
+        32 * m * 15 * ((kv / bw + lat) + (2 * kv / bw + lat)), rel=1e-6)
 
 
 def test_fsdp_waits_by_hand_70b_hsdp_across_nodes():
