@@ -160,7 +160,7 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         return [LayerWaits() for _ in layers]
     shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
     params = [profile.layers[i].params for i in layers]
-    ag = [fsdp.all_gather_s(n, par, shard) for n in params]
+    ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
     rs = [fsdp.reduce_scatter_s(n, par, shard, rep) for n in params]
     regather = fsdp.gathers_in_backward(par)
     rec = on_demand_s or [0.0] * len(layers)
