@@ -56,6 +56,9 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     if is_model_file(model):
         if not Path(model).is_file():
             raise InputError(f"{model}: no such model file")
+        if par.cp > 1:
+            raise InputError(f"--cp {par.cp}: context parallelism is priced for model descriptions (catalog names, "
+                             "config.json, lynx model JSON); a model file's attention is run on one rank whole")
         try:
             from .profiler import profile_model_file
         except ImportError as e:

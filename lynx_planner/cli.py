@@ -33,7 +33,7 @@ from .commands.terminal import guarded
 
 # One default for profile and tune (plan reads the profile's): Megatron-LM and torchtitan users shard optimizer state
 # over data-parallel ranks; it only matters with --dp > 1.
-DISTRIBUTED_OPTIMIZER = True
+DISTRIBUTED_OPTIMIZER = None  # on, unless --fsdp (which shards the optimizer state itself)
 DISTRIBUTED_OPTIMIZER_HELP = helptext.DISTRIBUTED_OPTIMIZER
 
 # Declarations several commands share: one spelling, one help, one default.
@@ -43,8 +43,15 @@ ModelFile = Annotated[Path, typer.Argument(metavar="MODEL.py", help="The model f
 MemoryLimit = Annotated[Optional[str], typer.Option(
     show_default="the device memory less the reserve (1 GiB + 4%; docs/accuracy.md)",
     help="Per-device memory budget: 80GiB, 40GB, 512MiB or a number of bytes.")]
-DistributedOptimizer = Annotated[bool, typer.Option(
-    "--distributed-optimizer/--no-distributed-optimizer", help=DISTRIBUTED_OPTIMIZER_HELP)]
+DistributedOptimizer = Annotated[Optional[bool], typer.Option(
+    "--distributed-optimizer/--no-distributed-optimizer", show_default="on; off with --fsdp",
+    help=DISTRIBUTED_OPTIMIZER_HELP)]
+Fsdp = Annotated[bool, typer.Option("--fsdp", help=helptext.FSDP)]
+ReshardAfterForward = Annotated[bool, typer.Option(
+    "--reshard-after-forward/--no-reshard-after-forward", help=helptext.RESHARD_AFTER_FORWARD)]
+HsdpShardSize = Annotated[Optional[int], typer.Option("--hsdp-shard-size", min=1, show_default="dp (plain FSDP)",
+                                                      help=helptext.HSDP_SHARD_SIZE)]
+ContextParallel = Annotated[int, typer.Option("--cp", min=1, help=helptext.CP)]
 
 app = typer.Typer(
     name="lynx",
@@ -152,11 +159,16 @@ def profile_cmd(
         "--overlap-p2p-communication/--no-overlap-p2p-communication", show_default=False, help="Pipeline sends "
         "beside the compute (the default: torch's schedules, Megatron's interleaved one), or blocking as Megatron's "
         "1F1B runs them.")] = True,
+    fsdp: Fsdp = False,
+    reshard_after_forward: ReshardAfterForward = True,
+    hsdp_shard_size: HsdpShardSize = None,
+    cp: ContextParallel = 1,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
-                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm)
+                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm,
+                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp)
 
 
 @command("plan")
@@ -320,10 +332,18 @@ def tune_cmd(
     virtual_stages: Annotated[Optional[int], typer.Option(
         min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
         help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
+    fsdp: Annotated[bool, typer.Option("--fsdp", help=helptext.FSDP + " tune also tries HSDP with a node's worth "
+                                       "of DP ranks per shard group.")] = False,
+    reshard_after_forward: ReshardAfterForward = True,
+    hsdp_shard_size: HsdpShardSize = None,
+    cp: Annotated[Optional[int], typer.Option(
+        "--cp", min=1, show_default="searched where the sequence is long: powers of two leaving >= 16384 tokens "
+        "per rank", help=helptext.CP)] = None,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
-             as_json, out_dir, plot, schedule, virtual_stages)
+             as_json, out_dir, plot, schedule, virtual_stages, fsdp=fsdp, reshard_after_forward=reshard_after_forward,
+             hsdp_shard_size=hsdp_shard_size, cp=cp)
 
 
 @command("export")

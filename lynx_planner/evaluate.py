@@ -7,20 +7,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import placements, policy, schedules, simulator
+from . import placements, policy, schedules, simulator, streams
+from .parallel import fsdp
 from .memo import per_object
 from .schema import LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
 
 
 def static_bytes(profile: Profile, first: int, end: int) -> int:
-    return profile.extra_static_bytes + sum(l.static_bytes for l in profile.layers[first:end])
+    """Static bytes of a stage holding layers [first, end): their weights, gradients and optimizer state, the per-rank
+    buffers, and FSDP's gathered parameters and unsharded gradients at their peak (parallel/fsdp.py)."""
+    return profile.extra_static_bytes + sum(l.static_bytes for l in profile.layers[first:end]) \
+        + fsdp.transient_bytes(profile, list(range(first, end)))
 
 
 def rank_static_bytes(profile: Profile, stages: list[StagePlan], rank: int) -> int:
-    """Static bytes of one rank: its chunks' layers and the per-rank buffers once."""
+    """Static bytes of one rank: its chunks' layers, the per-rank buffers once, and FSDP's transient buffers."""
     p = profile.parallel.pp
-    return profile.extra_static_bytes + sum(l.static_bytes for st in stages if schedules.rank_of(p, st.stage) == rank
-                                            for l in profile.layers[st.layers[0]:st.layers[1]])
+    mine = [i for st in stages if schedules.rank_of(p, st.stage) == rank for i in range(*st.layers)]
+    return profile.extra_static_bytes + sum(profile.layers[i].static_bytes for i in mine) \
+        + fsdp.transient_bytes(profile, mine)
 
 
 def none_policy(profile: Profile, i: int) -> LayerPolicy:
@@ -141,7 +146,9 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
     par = profile.parallel
     return Plan(algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
-                                      schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep),
+                                      schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep,
+                                      fsdp=par.fsdp, reshard_after_forward=par.reshard_after_forward,
+                                      hsdp_shard_size=par.hsdp_shard_size, cp=par.cp),
                 stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast)
 
 
@@ -219,7 +226,8 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         out.append(f"memory_limit_bytes {plan.memory_limit_bytes} exceeds the device's memory "
                    f"{profile.hardware.memory_bytes} B ({profile.hardware.name})")
     par = profile.parallel
-    for field in ("tp", "pp", "dp", "num_microbatches", "schedule", "virtual_stages"):
+    for field in ("tp", "pp", "dp", "num_microbatches", "schedule", "virtual_stages", "ep", "fsdp",
+                  "reshard_after_forward", "hsdp_shard_size", "cp"):
         mine, theirs = getattr(plan.parallel, field), getattr(par, field)
         if mine != theirs:
             out.append(f"parallel.{field} {mine!r} differs from the profile's {theirs!r}")
@@ -336,9 +344,14 @@ def _check_placements(plan: Plan, profile: Profile) -> list[str]:
     """Placements that never fire on their stage (placements.py): the simulator and the runtime run them on demand."""
     par, out = profile.parallel, []
     for st in plan.stages:
-        legal = placements.legal_placements(par.schedule, par.pp, st.stage, par.num_microbatches, par.virtual_stages)
+        fires = placements.legal_placements(par.schedule, par.pp, st.stage, par.num_microbatches, par.virtual_stages)
+        legal = streams.legal_placements(profile, st.stage)
         for p in st.policies:
-            if p.recompute and p.at not in legal:
+            if p.recompute and p.at in fires and p.at not in legal:
+                out.append(f"stage {st.stage} layers {list(p.layers)}: placement {p.at} under FSDP resharding after "
+                           "forward: the layer's parameters are not gathered when it fires; use layer_above or "
+                           "on_demand, or profile with --no-reshard-after-forward")
+            elif p.recompute and p.at not in legal:
                 out.append(f"stage {st.stage} layers {list(p.layers)}: placement {p.at} never fires on this stage "
                            f"({par.schedule}, {len(plan.stages)} stages, {par.num_microbatches} micro-batches: no "
                            "forward of another micro-batch right before a backward); use on_demand")

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import evaluate as ev
-from . import schedules
+from . import parallel, schedules
 from .schema import Plan, Profile
 
 MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
@@ -175,6 +175,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
         if "ffn_hidden" in cfg:
             flags.append(f"--ffn-hidden-size {cfg['ffn_hidden']}")
         flags.append(f"--max-position-embeddings {par.seq_len}")
+    flags += parallel.megatron_flags(par)[0]  # FSDP and CP (lynx_planner/parallel)
     if par.dp > 1:
         if par.overlap_grad_reduce:
             flags.append("--overlap-grad-reduce")
@@ -195,7 +196,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
-    notes = _not_expressible(plan, profile)
+    notes = _not_expressible(plan, profile) + parallel.megatron_flags(par)[1]
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
                      "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
@@ -239,10 +240,7 @@ def torchtitan(plan: Plan, profile: Profile) -> dict[str, dict]:
     parallelism = {"tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
                    "pipeline_parallel_schedule": schedules.get(par.schedule).torchtitan,
                    "pipeline_parallel_microbatch_size": par.micro_batch_size}
-    if par.distributed_optimizer:
-        parallelism["data_parallel_shard_degree"] = par.dp
-    else:
-        parallelism |= {"data_parallel_replicate_degree": par.dp, "data_parallel_shard_degree": 1}
+    parallelism |= parallel.torchtitan_settings(par)  # DP sharding and CP degrees (lynx_planner/parallel)
     if par.pp > 1:
         parallelism["module_fqns_per_model_part"] = parts
     training = {"local_batch_size": par.micro_batch_size * par.num_microbatches,

@@ -145,6 +145,20 @@ class ParallelConfig(_Model):
     # (expert data parallelism dp / ep). Left out of the JSON at 1, so dense profiles keep their bytes.
     ep: PositiveInt = Field(1, le=MAX_DP, exclude_if=lambda v: v == 1,
                             description="expert-parallel size (MoE models); divides dp and the number of experts")
+    # Parameter sharding (lynx_planner/parallel/fsdp.py) and context parallelism (parallel/cp.py). Left out of the
+    # JSON at their defaults, so profiles written before them keep their bytes and their meaning.
+    fsdp: bool = Field(False, exclude_if=lambda v: v is False,
+                       description="parameters, gradients and optimizer state sharded over the data-parallel group "
+                       "(FSDP2 / ZeRO-3); per layer all-gathers and reduce-scatters on the DP stream")
+    reshard_after_forward: bool = Field(True, exclude_if=lambda v: v is True,
+                                        description="FSDP2: free each layer's gathered parameters after its forward "
+                                        "(gathered again in backward); False keeps them until its backward")
+    hsdp_shard_size: PositiveInt | None = Field(None, le=MAX_DP, exclude_if=lambda v: v is None,
+                                                description="HSDP: parameters sharded over groups of this many DP "
+                                                "ranks, replicated across dp / hsdp_shard_size groups (None: all dp)")
+    cp: PositiveInt = Field(1, le=MAX_TP, exclude_if=lambda v: v == 1,
+                            description="context-parallel size: each rank holds seq_len / cp tokens of a sequence; "
+                            "attention exchanges K/V chunks around the CP ring")
 
     @model_validator(mode="after")
     def _check(self) -> ParallelConfig:
@@ -161,6 +175,22 @@ class ParallelConfig(_Model):
         why = problem(self.schedule, self.pp, self.virtual_stages, self.num_microbatches)
         if why:
             raise ValueError(why)
+        if self.fsdp and self.distributed_optimizer:
+            raise ValueError("fsdp (--fsdp) and distributed_optimizer (--distributed-optimizer) are one or the other: "
+                             "FSDP already shards the optimizer state (ZeRO-3), the distributed optimizer only it "
+                             "(ZeRO-1)")
+        if not self.fsdp and (self.hsdp_shard_size is not None or not self.reshard_after_forward):
+            raise ValueError("hsdp_shard_size (--hsdp-shard-size) and reshard_after_forward false "
+                             "(--no-reshard-after-forward) need fsdp (--fsdp)")
+        if self.hsdp_shard_size is not None and self.dp % self.hsdp_shard_size:
+            raise ValueError(f"hsdp_shard_size ({self.hsdp_shard_size}) must divide dp ({self.dp}): HSDP replicates "
+                             "shard groups of that size")
+        if self.seq_len % self.cp:
+            raise ValueError(f"cp ({self.cp}) must divide seq_len ({self.seq_len}): each CP rank holds an equal "
+                             "share of the sequence")
+        if self.cp > 1 and self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide seq_len / cp ({self.seq_len // self.cp}) under "
+                             "sequence_parallel")
         if self.dp % self.ep:
             raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp}): expert parallelism is carved out of data "
                              "parallelism (Megatron)")
@@ -332,6 +362,11 @@ class PlanParallel(_Model):
     virtual_stages: int = Field(1, exclude_if=lambda v: v == 1, description="model chunks per rank; the plan's "
                                 "stages are its virtual stages, chunk c on rank c % pp")
     ep: int = Field(1, exclude_if=lambda v: v == 1, description="expert-parallel size (MoE)")
+    fsdp: bool = Field(False, exclude_if=lambda v: v is False, description="FSDP2 / ZeRO-3 parameter sharding")
+    reshard_after_forward: bool = Field(True, exclude_if=lambda v: v is True,
+                                        description="FSDP2: gathered parameters freed after each layer's forward")
+    hsdp_shard_size: int | None = Field(None, exclude_if=lambda v: v is None, description="HSDP shard group size")
+    cp: int = Field(1, exclude_if=lambda v: v == 1, description="context-parallel size")
 
 
 class Plan(_Model):

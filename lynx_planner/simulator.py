@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
 from operator import ne
 
-from . import costs, placements, policy, schedules
+from . import costs, placements, policy, schedules, streams
+from .parallel import optimizer_shards
 from .memo import per_object
 from .schema import Block, LayerPolicy, Profile
 
@@ -52,27 +53,65 @@ class LayerRun:
     wgrad_s: float = 0.0  # the weight gradients (W of a split backward)
     wgrad_bytes: int = 0  # held from B to W: the weight GEMMs' and norms' output gradients (a chunk's lowest layer: and
     # the chunk's input gradient)
+    rec_beside: float = 0.0  # of rec_s on demand, what runs while the DP stream's work outlasts the layer (hidden)
+    spans: tuple = ()  # for the trace: its communication beside the compute (streams.op_spans, LayerWaits.spans)
+    # the stream each idle segment of fwd, bwd and bwd_input waits for (streams.py); () for all TP collectives
+    fwd_streams: tuple[str, ...] = ()
+    bwd_streams: tuple[str, ...] = ()
+    bwd_input_streams: tuple[str, ...] = ()
 
 
 @per_object
 def block_segments(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Forward and backward of one block as alternating busy and idle seconds."""
-    return _segments_of(block, False)
+    return _segments_of(block, False)[:2]
 
 
 @per_object
 def block_segments_tp_overlap(block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The same with Megatron's --tp-comm-overlap: each TP collective runs in chunks beside its neighbouring GEMM
     (the larger of the compute ops before and after it), so only what outlasts that GEMM is idle."""
-    return _segments_of(block, True)
+    return _segments_of(block, True)[:2]
+
+
+_WAITED: dict[int, tuple] = {}  # id(block) -> (block, key, segments with their streams' waits)
 
 
 def segments(profile: Profile, block: Block) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """A block's busy and idle seconds in this profile's setup (with or without --tp-comm-overlap)."""
-    return (block_segments_tp_overlap if profile.parallel.tp_comm_overlap else block_segments)(block)
+    """A block's busy and idle seconds in this profile's setup (with or without --tp-comm-overlap, and the waits
+    the streams model adds inside it: streams.op_waits)."""
+    return segments_named(profile, block)[:2]
 
 
-def _segments_of(block: Block, tp_overlap: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def segments_named(profile: Profile, block: Block) -> tuple[tuple[float, ...], tuple[float, ...], tuple[str, ...],
+                                                            tuple[str, ...]]:
+    """segments() and, per idle segment of the forward and of the backward, the stream the compute waits for."""
+    tp_overlap = profile.parallel.tp_comm_overlap
+    waits = streams.op_waits(profile, block)
+    if not waits:
+        fwd, bwd = (block_segments_tp_overlap if tp_overlap else block_segments)(block)
+        return fwd, bwd, (), ()
+    key = (tp_overlap, waits)
+    hit = _WAITED.get(id(block))
+    if hit is None or hit[0] is not block or hit[1] != key:
+        hit = _WAITED[id(block)] = (block, key, _segments_of(block, tp_overlap, waits))
+    return hit[2]
+
+
+def _alternate(items: list[tuple[bool, float, str]]) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """(busy, idle, busy, ... seconds; the stream of each idle segment: the first that opened it)."""
+    segs, names = [0.0], []
+    for idle, dt, stream in items:
+        if (len(segs) % 2 == 0) != idle:  # switch between busy (odd length) and idle (even length)
+            segs.append(0.0)
+            if idle:
+                names.append(stream)
+        segs[-1] += dt
+    return tuple(segs), tuple(names)
+
+
+def _segments_of(block: Block, tp_overlap: bool, waits: tuple = ()) -> tuple[tuple[float, ...], tuple[float, ...],
+                                                                            tuple[str, ...], tuple[str, ...]]:
     ops = [op for op in block.ops if not op.view]
     beside = [0.0] * len(ops)  # (forward, backward) compute a collective can hide behind
     beside_b = [0.0] * len(ops)
@@ -83,23 +122,25 @@ def _segments_of(block: Block, tp_overlap: bool) -> tuple[tuple[float, ...], tup
                         if o is not None and o.kind == "compute"]
                 beside[i] = max((o.fwd_s for o in near), default=0.0)
                 beside_b[i] = max((o.bwd_s for o in near), default=0.0)
+    after = {op_id: (f, b, stream) for op_id, f, b, stream in waits}  # streams.op_waits: after the op in forward
 
-    def alternate(items: list[tuple[bool, float]]) -> tuple[float, ...]:
-        segs = [0.0]
-        for idle, dt in items:
-            if (len(segs) % 2 == 0) != idle:  # switch between busy (odd length) and idle (even length)
-                segs.append(0.0)
-            segs[-1] += dt
-        return tuple(segs)
-
-    fwd = [(True, max(0.0, op.fwd_s - beside[i])) if op.kind == "collective" else (False, op.fwd_s)
-           for i, op in enumerate(ops)]
-    bwd = [
-        (True, max(0.0, op.bwd_s - max(op.bwd_overlap_s, beside_b[i]))) if op.kind == "collective"
-        else (False, op.bwd_s)
-        for i, op in reversed(list(enumerate(ops)))
-    ]
-    return alternate(fwd), alternate(bwd)
+    fwd, bwd = [], []
+    for i, op in enumerate(ops):
+        if op.kind == "collective":
+            fwd.append((True, max(0.0, op.fwd_s - beside[i]), streams.TP))
+        else:
+            fwd.append((False, op.fwd_s, streams.COMPUTE))
+        if op.id in after:
+            fwd.append((True, after[op.id][0], after[op.id][2]))
+    for i, op in reversed(list(enumerate(ops))):
+        if op.id in after:  # before the op in backward
+            bwd.append((True, after[op.id][1], after[op.id][2]))
+        if op.kind == "collective":
+            bwd.append((True, max(0.0, op.bwd_s - max(op.bwd_overlap_s, beside_b[i])), streams.TP))
+        else:
+            bwd.append((False, op.bwd_s, streams.COMPUTE))
+    (f, fn), (b, bn) = _alternate(fwd), _alternate(bwd)
+    return f, b, fn, bn
 
 
 WEIGHT_OPS = ("addmm", "mm", "linear")  # aten ops whose backward includes a weight gradient GEMM
@@ -146,7 +187,7 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     block = profile.blocks[profile.layers[index].block]
     info = policy.analyse(block)
     c = policy.cost(info, frozenset(pol.keep), tuple(pol.recompute))
-    fwd, bwd = segments(profile, block)
+    fwd, bwd, fwd_streams, bwd_streams = segments_named(profile, block)
     kept, rec = c.kept_bytes, c.recomputed_bytes
     trigger = None
     if pol.recompute_with is not None:
@@ -158,7 +199,8 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     if block.split_backward is not None and first > 0:  # measured B + W over the whole; torch runs stage 0's whole
         f = block.split_backward
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
-    return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes)
+    return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
+                    fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block))
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -172,7 +214,51 @@ def stage_runs(profile: Profile, first: int, end: int, policies: list[LayerPolic
         w = by_layer[i].recompute_with
         return w is None or i == first or by_layer[i - 1].recompute_with != w
 
-    return [layer_run(profile, i, by_layer[i], first, keeps_input(i)) for i in range(first, end)]
+    runs = [layer_run(profile, i, by_layer[i], first, keeps_input(i)) for i in range(first, end)]
+    on_demand = [r.rec_s if r.at == "on_demand" and r.trigger is None else 0.0 for r in runs]
+    return with_waits(runs, streams.layer_waits(profile, list(range(first, end)), [sum(r.fwd) for r in runs],
+                                                [sum(r.bwd) for r in runs], on_demand))
+
+
+def _named(segs: tuple[float, ...], names: tuple[str, ...]) -> tuple[str, ...]:
+    return names or (streams.TP,) * (len(segs) // 2)
+
+
+def _waited(segs: tuple[float, ...], names: tuple[str, ...], before: float, after: float
+            ) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """segs with a DP-stream wait before (an idle segment after an empty busy one) and after it."""
+    names = _named(segs, names)
+    if before > 0:
+        segs, names = (0.0, before) + segs, (streams.DP,) + names
+    if after > 0:
+        segs, names = segs + (after, 0.0), names + (streams.DP,)
+    return segs, names
+
+
+def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[LayerRun]:
+    """The layers of a chunk with the waits between layers the streams model gives (FSDP's all-gathers and
+    reduce-scatters) as idle segments of their forward and backward."""
+    out = []
+    for r, w in zip(runs, waits):
+        if w == streams.LayerWaits():
+            out.append(r)
+            continue
+        fwd, fn = _waited(r.fwd, r.fwd_streams, w.fwd_before, 0.0)
+        bwd, bn = _waited(r.bwd, r.bwd_streams, w.bwd_before, w.bwd_after)
+        bi, bin_ = _waited(r.bwd_input, r.bwd_input_streams, w.bwd_before, w.bwd_after)
+        out.append(replace(r, fwd=fwd, bwd=bwd, bwd_input=bi, fwd_streams=fn, bwd_streams=bn,
+                           bwd_input_streams=bin_, rec_beside=w.rec_beside, spans=r.spans + w.spans))
+    return out
+
+
+def stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Each layer's forward and backward busy and idle seconds in a chunk [first, end) without recomputation, the
+    waits between layers included (what the searches' stage models read)."""
+    segs = [segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
+    waits = streams.layer_waits(profile, list(range(first, end)), [sum(f) for f, _ in segs],
+                                [sum(b) for _, b in segs])
+    return [(_waited(f, (), w.fwd_before, 0.0)[0], _waited(b, (), w.bwd_before, w.bwd_after)[0])
+            for (f, b), w in zip(segs, waits)]
 
 
 def schedule(kind: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
@@ -370,7 +456,8 @@ class _Stage:
                 self.queue.pop(0)
         self.t = until if until > self.t else self.t
 
-    def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int) -> None:
+    def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int,
+                  waits_for: tuple[str, ...] = ()) -> None:
         if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
             self.busy += sums[0]
             self.t += sums[0] + sums[1]
@@ -380,13 +467,20 @@ class _Stage:
         for i, dt in enumerate(segs):
             if i % 2 == 0:
                 if tracing:
-                    self._event("compute", name, self.t, dt)
+                    self._event(streams.COMPUTE, name, self.t, dt)
                 self.t += dt
                 self.busy += dt
             elif dt > 0:
-                if tracing:
-                    self._event("tp collective", name, self.t, dt)
+                if tracing:  # the wait, on the stream the compute waits for
+                    self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
                 self.idle(self.t + dt)
+
+    def _spans(self, r: LayerRun, phase: str, k: int) -> None:
+        """Trace only: the layer's communication beside its compute (streams.py), from the layer's start in `phase`."""
+        if self.trace is not None:
+            for stream, name, at, offset, dur in r.spans:
+                if at == phase:
+                    self._event(stream, f"{name} mb{k}", self.t + offset, dur)
 
     def _expose(self, k: int, index: int, work: float, nbytes: int, started: bool) -> None:
         if not started:
@@ -418,7 +512,8 @@ class _Stage:
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
         for l, r in enumerate(ch.runs):
-            self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index)
+            self._spans(r, "F", k)
+            self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
             self.mem.note(self.t, r.kept_bytes)
 
     def backward(self, c: int, k: int, ready: float) -> None:
@@ -450,7 +545,9 @@ class _Stage:
                 else:  # on demand (or a prev_forward with no forward before this backward)
                     self._log(c, k, l, placements.ON_DEMAND, action)
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
-            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index)
+            self._spans(r, "B", k)
+            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
+                           r.bwd_input_streams if split else r.bwd_streams)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
                 self.mem.note(self.t, r.wgrad_bytes)
             else:
@@ -738,6 +835,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
+    for r, res in enumerate(results):  # on-demand recomputation beside the DP stream's work: its time is in the waits
+        beside = m * sum(run.rec_beside for c in schedules.chunks_of(p, v, r) for run in stage_layers[c])
+        res.exposed_s, res.hidden_s = max(0.0, res.exposed_s - beside), res.hidden_s + beside
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]
     reduce_gradients(profile, rank_runs, results, events)
     return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],
@@ -781,9 +881,9 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     the updated weights are all-gathered: exposed, or hidden in the next iteration's forward with
     --overlap-param-gather."""
     par, hw = profile.parallel, profile.hardware
-    if par.dp == 1 and not par.optimizer_step:
+    if par.dp * par.cp == 1 and not par.optimizer_step:
         return
-    bus = costs.group_link(hw, par.dp, par.tp)
+    bus = streams.bus(profile, "dp")
     p = len(stage_layers)
     tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
 
@@ -799,16 +899,14 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             ready_at.append(ready if par.overlap_grad_reduce else r.end_s)
             ready -= sum(run.bwd)
         params = [profile.layers[run.index].params for run in runs]
+        sync = streams.grad_sync_s(profile, params)  # per layer, bottom up
         t = 0.0
-        for run, n, at in zip(reversed(runs), reversed(params), reversed(ready_at)):
-            nbytes = grad_bytes(profile) * n
-            dt = (costs.all_gather_s(nbytes, par.dp, bus) if par.distributed_optimizer
-                  else costs.all_reduce_s(nbytes, par.dp, bus))
+        for run, dt, at in zip(reversed(runs), reversed(sync), reversed(ready_at)):
             start = max(t, at)
             event(s, f"DP grad L{run.index}", start, dt)
             t = start + dt
         t = max(t, r.end_s)
-        if par.dp > 1 and not par.contiguous_grad_buffers:  # gradients copied to flat buckets, divided, copied back
+        if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
             copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
             event(s, "DP bucket copies", t, copies)
             t += copies
@@ -818,7 +916,7 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             event(s, "optimizer step", t, step)
             t += step
         if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
-            gather = costs.all_gather_s(PARAM_BYTES * sum(params), par.dp, bus)
+            gather = costs.all_gather_s(PARAM_BYTES * sum(params), par.dp * par.cp, bus)
             event(s, "DP param all-gather", t, gather)
             t += gather
         r.grad_reduce_exposed_s = max(0.0, t - r.end_s)
@@ -838,4 +936,4 @@ def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages
     ranks = par.tp * par.dp * stages
     t += costs.all_reduce_s(4, ranks, costs.link(hw, ranks))
     per_param = OPTIMIZER_BYTES_PER_PARAM + (0 if par.grad_reduce_in_fp32 else FP16_GRAD_STEP_BYTES_PER_PARAM)
-    return t + costs.memory_s(per_param * params / (par.dp if par.distributed_optimizer else 1), hw)
+    return t + costs.memory_s(per_param * params / optimizer_shards(par), hw)

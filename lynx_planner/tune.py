@@ -54,20 +54,63 @@ class Layout:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     ep: int = 1  # expert parallelism (MoE models), carved out of dp
+    cp: int = 1  # context parallelism: GPUs = tp x cp x pp x dp
+    fsdp: bool = False  # FSDP2 sharding over the DP (x CP) ranks instead of ZeRO-1
+    hsdp_shard_size: int | None = None  # HSDP: shard groups of this many DP ranks
 
-    def parallel(self, seq_len: int, distributed_optimizer: bool) -> ParallelConfig:
+    def parallel(self, seq_len: int, distributed_optimizer: bool, reshard_after_forward: bool = True
+                 ) -> ParallelConfig:
         return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, num_microbatches=self.num_microbatches,
                               sequence_parallel=self.sequence_parallel,
-                              distributed_optimizer=distributed_optimizer and self.dp > 1, schedule=self.schedule,
-                              virtual_stages=self.virtual_stages, ep=self.ep)
+                              distributed_optimizer=distributed_optimizer and self.dp * self.cp > 1 and not self.fsdp,
+                              schedule=self.schedule, virtual_stages=self.virtual_stages, ep=self.ep, cp=self.cp,
+                              fsdp=self.fsdp, hsdp_shard_size=self.hsdp_shard_size,
+                              reshard_after_forward=reshard_after_forward or not self.fsdp)
 
     def label(self) -> str:
         sp = " sp" if self.sequence_parallel else ""
         ep = f" ep{self.ep}" if self.ep > 1 else ""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        shard = (f" hsdp{self.hsdp_shard_size}" if self.hsdp_shard_size else " fsdp") if self.fsdp else ""
         sched = "" if self.schedule == "1f1b" else f" {self.schedule}" + (
             f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-        return f"tp{self.tp} pp{self.pp} dp{self.dp}{ep} mb{self.micro_batch_size}x{self.num_microbatches}{sp}{sched}"
+        return (f"tp{self.tp}{cp} pp{self.pp} dp{self.dp}{ep}{shard} mb{self.micro_batch_size}x{self.num_microbatches}"
+                f"{sp}{sched}")
+
+
+@dataclass(frozen=True)
+class ParallelSearch:
+    """How tune shards and splits the sequence: ZeRO-1 or FSDP (with HSDP shard groups: `hsdp_shard_size`, or one
+    node's worth of the DP ranks tried beside plain FSDP), and context parallelism (`cp`, or searched where the
+    sequence is long: every power of two leaving at least CP_MIN_TOKENS tokens per rank)."""
+
+    fsdp: bool = False
+    reshard_after_forward: bool = True
+    hsdp_shard_size: int | None = None
+    cp: int | None = None
+
+    def cps(self, seq_len: int, gpus: int, model_file: bool) -> tuple[int, ...]:
+        if self.cp is not None:
+            return (self.cp,)
+        if model_file:  # CP is priced for model descriptions only (build.py)
+            return (1,)
+        out, c = [1], 2
+        while c <= gpus and seq_len % c == 0 and seq_len // c >= CP_MIN_TOKENS:
+            out.append(c)
+            c *= 2
+        return tuple(out)
+
+    def shards(self, dp: int, per_node: int) -> tuple[int | None, ...]:
+        """HSDP shard sizes to try on `dp` DP ranks, `per_node` of them on one node (None: plain FSDP)."""
+        if not self.fsdp:
+            return (None,)
+        if self.hsdp_shard_size is not None:
+            return (self.hsdp_shard_size,) if dp % self.hsdp_shard_size == 0 and self.hsdp_shard_size < dp else ()
+        return (None,) + ((per_node,) if 1 < per_node < dp and dp % per_node == 0 else ())
+
+
+CP_MIN_TOKENS = 16384  # tune searches CP only where each rank keeps at least this many tokens of a sequence
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -87,15 +130,16 @@ class Profiles:
     SP) and moved to each PP and DP."""
 
     def __init__(self, model: str, hw: Hardware, seq_len: int, distributed_optimizer: bool, dropout: float = 0.0,
-                 call: Callable = lambda fn, *a, **k: fn(*a, **k)):
+                 call: Callable = lambda fn, *a, **k: fn(*a, **k), search: ParallelSearch = ParallelSearch()):
         self.model, self.hw, self.seq_len, self.distopt, self.dropout = model, hw, seq_len, distributed_optimizer, \
             dropout
+        self.search = search  # FSDP / HSDP / CP: which layouts tune enumerates
         self.call = call  # wraps user code (a model file's failures are bad input)
         self.traced: dict[tuple, Profile | None] = {}
 
     def __call__(self, layout: Layout) -> Profile | None:
         """None if the model cannot be profiled in this layout (TP does not divide it)."""
-        par = layout.parallel(self.seq_len, self.distopt)
+        par = layout.parallel(self.seq_len, self.distopt, self.search.reshard_after_forward)
         if not is_model_file(self.model):
             try:
                 return build_profile(self.model, par, self.hw, dropout=self.dropout)
@@ -181,26 +225,33 @@ def model_experts(model: str) -> int:
 
 def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
             names: tuple[str, ...] = ("1f1b",), virtual: int | None = None, experts: int = 0,
-            ep: int | None = None) -> list[Layout]:
+            ep: int | None = None, search: ParallelSearch = ParallelSearch(), model_file: bool = False
+            ) -> list[Layout]:
     """Every layout Megatron-LM accepts on `gpus` GPUs for this global batch, under each of the pipeline schedules
     `names` (and their virtual stages), and lynx can simulate (at most MAX_MICROBATCHES micro-batches); for MoE models
-    (`experts` > 0) every expert-parallel size dividing both dp and the experts (or only `ep` when given)."""
+    (`experts` > 0) every expert-parallel size dividing both dp and the experts (or only `ep` when given); with the
+    context-parallel sizes and FSDP / HSDP shardings of `search`."""
     out = []
     for tp in divisors(min(gpus, hw.gpus_per_node)):
         if gpus % tp or (heads is not None and heads % tp):
             continue
-        for pp in divisors(gpus // tp, at_most=num_layers):
-            dp = gpus // (tp * pp)
-            if dp > MAX_DP:
+        for cp in search.cps(seq_len, gpus // tp, model_file):
+            if gpus % (tp * cp) or seq_len % cp:
                 continue
-            for mbs in MICRO_BATCH_SIZES:
-                if global_batch % (mbs * dp) or global_batch // (mbs * dp) > MAX_MICROBATCHES:
+            for pp in divisors(gpus // (tp * cp), at_most=num_layers):
+                dp = gpus // (tp * cp * pp)
+                if dp > MAX_DP:
                     continue
-                m = global_batch // (mbs * dp)
-                eps = [e for e in divisors(dp) if experts % e == 0] if experts else [1]
-                for sp in ((False, True) if tp > 1 and seq_len % tp == 0 else (False,)):
-                    for name, v in pipeline_schedules(names, pp, m, num_layers, virtual):
-                        out += [Layout(tp, pp, dp, mbs, m, sp, name, v, e) for e in eps if ep is None or e == ep]
+                for mbs in MICRO_BATCH_SIZES:
+                    if global_batch % (mbs * dp) or global_batch // (mbs * dp) > MAX_MICROBATCHES:
+                        continue
+                    m = global_batch // (mbs * dp)
+                    eps = [e for e in divisors(dp) if experts % e == 0] if experts else [1]
+                    for sp in ((False, True) if tp > 1 and (seq_len // cp) % tp == 0 else (False,)):
+                        for name, v in pipeline_schedules(names, pp, m, num_layers, virtual):
+                            for shard in search.shards(dp, max(1, hw.gpus_per_node // (tp * cp))):
+                                out += [Layout(tp, pp, dp, mbs, m, sp, name, v, e, cp, search.fsdp, shard)
+                                        for e in eps if ep is None or e == ep]
     return out
 
 
@@ -261,7 +312,8 @@ class Row:
 
     def json(self) -> dict:
         lay = self.layout
-        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "micro_batch_size": lay.micro_batch_size,
+        return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "cp": lay.cp, "fsdp": lay.fsdp,
+                "hsdp_shard_size": lay.hsdp_shard_size, "micro_batch_size": lay.micro_batch_size,
                 "num_microbatches": lay.num_microbatches, "sequence_parallel": lay.sequence_parallel,
                 "schedule": lay.schedule, "virtual_stages": lay.virtual_stages,
                 "algo": self.algo, "iteration_time_s": self.iteration_time_s,
@@ -365,7 +417,8 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     tokens = global_batch * seq_len
     candidates = []
     hit = False
-    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, model_experts(model), ep)
+    found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, model_experts(model), ep,
+                    profiles.search, is_model_file(model))
     if not found:
         raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
     for lay in found:
@@ -488,7 +541,8 @@ def fits_somewhere(model: str, gpus: int, hw: Hardware, global_batch: int, seq_l
     from .solvers import Problem, megatron
 
     num_layers, heads = model_shape(model, profiles)
-    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, experts=model_experts(model)):
+    for lay in layouts(gpus, hw, global_batch, num_layers, heads, seq_len, experts=model_experts(model),
+                       search=profiles.search, model_file=is_model_file(model)):
         prof = profiles(lay)
         if prof is None:
             continue
@@ -522,11 +576,12 @@ class Sizing:
 
 def size_up(model: str, hw: Hardware, global_batch: int, seq_len: int = 2048, memory_limit: int | None = None,
             sizes_above: int = 2, time_limit: float | None = None, distributed_optimizer: bool = True,
-            progress: Callable[[int, int, str], None] | None = None) -> Sizing:
+            progress: Callable[[int, int, str], None] | None = None, search: ParallelSearch = ParallelSearch()
+            ) -> Sizing:
     """The fewest GPUs (powers of two) of kind `hw` on which the model trains within memory, and the best
     configuration there and at `sizes_above` doublings above it."""
     limit = memory_limit or default_memory_limit(hw)
-    profiles = Profiles(model, hw, seq_len, distributed_optimizer)
+    profiles = Profiles(model, hw, seq_len, distributed_optimizer, search=search)
     fewest = None
     for n in GPU_COUNTS:
         if n > global_batch * hw.gpus_per_node * 64:

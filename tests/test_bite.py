@@ -144,6 +144,9 @@ MEGATRON_FLAGS = {
     "--recompute-method": str,
     "--recompute-num-layers": int,
     "--recompute-modules": str,
+    "--context-parallel-size": int,  # ModelParallelConfig.context_parallel_size
+    "--use-megatron-fsdp": bool,  # DistributedDataParallelConfig.use_megatron_fsdp
+    "--data-parallel-sharding-strategy": str,  # DistributedDataParallelConfig.data_parallel_sharding_strategy
 }
 
 
@@ -635,3 +638,22 @@ def test_a_forward_rerun_after_a_divergence_draws_the_forwards_dropout_mask():
             m(x).pow(2).sum().backward()
             grads.append([p.grad.clone() for p in m.parameters()])
         assert all(torch.equal(a, b) for a, b in zip(*grads)), i
+
+
+def test_megatron_flags_for_fsdp_and_context_parallelism():
+    """Megatron FSDP (ZeRO-3: optim_grads_params) and --context-parallel-size, parsed with the recorded flags: the
+    world is tp x pp x cp x dp; HSDP has no flag and is named in a note."""
+    from lynx_planner.build import build_profile
+    from lynx_planner.models.hardware import HARDWARE
+    from lynx_planner.schema import ParallelConfig
+
+    par = ParallelConfig(tp=2, dp=4, cp=2, fsdp=True, seq_len=4096, sequence_parallel=True)
+    prof = build_profile("llama3-8b", par, HARDWARE["h100-80g-nvlink"])
+    got, args = exported(prof, plan_of(prof, "full"))
+    assert args.context_parallel_size == 2 and args.use_megatron_fsdp
+    assert args.data_parallel_sharding_strategy == "optim_grads_params"
+    assert args.global_batch_size == par.micro_batch_size * par.num_microbatches * 4  # DP excludes CP in Megatron
+    assert not any("HSDP" in n for n in got.not_expressible)
+    hsdp = build_profile("llama3-8b", par.model_copy(update={"hsdp_shard_size": 2}), HARDWARE["h100-80g-nvlink"])
+    got, _ = exported(hsdp, plan_of(hsdp, "full"))
+    assert any("HSDP" in n for n in got.not_expressible)

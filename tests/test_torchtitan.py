@@ -118,3 +118,17 @@ def test_lynx_ac_finds_the_stage_of_a_pipeline_part(planned):
     assert plan_stage(part, plan) == 1
     LynxAC.Config(plan=str(planned / "plan.json")).build().apply(part)
     assert runtime_of(part).stage == 1
+
+
+def test_fsdp_hsdp_and_cp_export_parse_with_torchtitans_config_manager(tmp_path):
+    """HSDP (shards of 2 of 4 DP ranks) and CP 2 on a catalog Llama: torchtitan's own parser reads the degrees, and
+    their product with TP and PP is the job's GPUs."""
+    r = lynx("profile", "llama3-8b", "--dp", 4, "--fsdp", "--hsdp-shard-size", 2, "--cp", 2, "--seq-len", 4096,
+             "-o", tmp_path / "profile.json")
+    assert r.exit_code == 0, r.output
+    r = lynx("plan", tmp_path / "profile.json", "--algo", "full", "-o", tmp_path / "plan.json")
+    assert r.exit_code == 0, r.output
+    config = ConfigManager().parse_args(export_args(tmp_path))
+    par = config.parallelism
+    assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree, par.context_parallel_degree) == \
+        (2, 2, 2)

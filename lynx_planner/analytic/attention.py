@@ -35,7 +35,8 @@ def window_share(spec: ModelSpec, kind: str, s: int) -> float:
 def _flash(ops: _OpList, q: str, k: str, v: str, b: int, s: int, heads: int, qk_dim: int, v_dim: int,
            share: float = 1.0) -> str:
     """Fused causal attention: keeps q, k, v, its output and the fp32 logsumexp. `share`: window_share."""
-    flops = 2.0 * b * s * s * heads * (qk_dim + v_dim) * share  # counted non-causal, as FlopCounterMode does
+    # counted non-causal, as FlopCounterMode does; under context parallelism the local queries meet every chunk's keys
+    flops = 2.0 * b * s * s * ops.context * heads * (qk_dim + v_dim) * share
     fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))  # causal: half the tiles
     return ops.add("self_attn:_scaled_dot_product_flash_attention#0", inputs=[q, k, v], saves=[q, k, v, "self"],
                    fwd_s=fwd, bwd_s=2.5 * fwd, flops=flops, out_bytes=ACT * b * s * heads * v_dim,
@@ -59,7 +60,7 @@ def gqa(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str, ki
     v = ops.gemm(f"self_attn.v_proj:{gemm}#0", n, h, kv * d, saves=[ln], inputs=[src])
     q = _rope(ops, q, ACT * n * heads * d, 0)
     k = _rope(ops, k, ACT * n * kv * d, 2)
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     ops.gemm(f"self_attn.o_proj:{'addmm' if spec.o_bias else 'mm'}#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 
@@ -104,6 +105,6 @@ def mla(ops: _OpList, tp: _TP, spec: ModelSpec, par: ParallelConfig, ln: str, ki
     k_full = ew(ops, "self_attn:new_empty#0", kb, inputs=[kvb], read=0)
     k_full = ew(ops, "self_attn:copy_#0", kb, inputs=[k_full, kvb], inplace=True)
     k_full = ew(ops, "self_attn:copy_#1", kb, inputs=[k_full, k_pe], inplace=True)
-    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim, window_share(spec, kind, s))
+    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim, window_share(spec, kind, s * ops.context))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * m.v_head_dim, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")

@@ -43,13 +43,16 @@ def layer_kind(spec: ModelSpec, i: int, seq_len: int) -> tuple[str, bool]:
     return kind, spec.is_moe_layer(i)
 
 
-def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, kind: tuple[str, bool] | bool) -> Block:
+def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, kind: tuple[str, bool] | bool,
+                cp: int = 1) -> Block:
     """x + attn(norm(x)), then + mlp(norm(·)) (a dense MLP or the MoE block); a family's hooks may change the pieces
-    or the whole layer. `kind`: layer_kind's (attention, is_moe), or is_moe alone for a full-attention layer."""
+    or the whole layer. `kind`: layer_kind's (attention, is_moe), or is_moe alone for a full-attention layer.
+    `par.seq_len` is the tokens of one rank: seq_len / cp under context parallelism (`cp`: attention's keys span cp
+    times them)."""
     attn_kind, is_moe = ("full", kind) if isinstance(kind, bool) else kind
     n = par.seq_len * par.micro_batch_size
     n_loc = n // par.tp if par.sequence_parallel else n
-    ops = _OpList(hw)
+    ops = _OpList(hw, context=cp)
     tp = _TP(par, hw, n, spec.hidden)
     g = hooks(spec)
     x = ACT * n_loc * spec.hidden
@@ -177,16 +180,18 @@ def _block_names(spec: ModelSpec, seq_len: int) -> dict[tuple[str, bool], str]:
 
 
 @lru_cache(maxsize=32)
-def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str) -> dict[str, Block]:
+def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str, cp: int = 1
+            ) -> dict[str, Block]:
     """The blocks depend on these only (not on PP, DP or the micro-batch count): `lynx tune` builds them once per
-    (TP, micro-batch, SP, EP) and the solvers' per-block caches then hold across its layouts."""
-    par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
+    (TP, micro-batch, SP, EP, CP) and the solvers' per-block caches then hold across its layouts. Under context
+    parallelism every block is of one rank's seq / cp tokens (parallel/cp.py)."""
+    par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq // cp, sequence_parallel=sp, dp=ep, ep=ep)
     hw = Hardware.model_validate_json(hw_json)
     cls = class_prefix(spec.family)
-    names = _block_names(spec, par.seq_len)
+    names = _block_names(spec, seq)  # the whole sequence decides a window's kind
     emb = _embedding(spec, par, hw)
     blocks = {emb.name: emb}
-    blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
+    blocks |= {name: layer_block(spec, par, hw, name, k, cp) for k, name in names.items()}
     if spec.mtp_layers:
         blocks[f"{cls}MTPLayer"] = _mtp_block(spec, par, hw, f"{cls}MTPLayer")
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
@@ -207,7 +212,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     cls = class_prefix(spec.family)
     names = _block_names(spec, par.seq_len)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
-                          hw.model_dump_json()))
+                          hw.model_dump_json(), par.cp))
     bpp = bytes_per_param(par)
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 

@@ -122,6 +122,9 @@ def gpt_profile(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, a
             raise ValueError(f"--tp {par.tp} does not divide the model's {what} ({value})")
     if par.sequence_parallel and par.seq_len % par.tp:
         raise ValueError(f"--tp {par.tp} does not divide the sequence length {par.seq_len}")
+    if par.cp > 1:
+        raise ValueError(f"--cp {par.cp}: context parallelism is priced for the Hugging Face families (Llama, Qwen, "
+                         "Mistral, ...), not the gpt family's Megatron core attention")
     blocks = {
         "embedding": embedding_block(cfg, par, hw, dropout),
         "gpt_layer": gpt_layer_block(cfg, par, hw, attention, dropout),

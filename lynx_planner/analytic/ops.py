@@ -15,9 +15,12 @@ STAT = 4  # bytes per LayerNorm statistic / logsumexp element (fp32)
 
 
 def bytes_per_param(par: ParallelConfig) -> float:
-    """Mixed-precision Adam (Megatron): bf16 weight 2 + fp32 grad 4 + fp32 master, m, v 12 = 18 bytes;
-    the distributed optimizer shards the 12 optimizer bytes over data-parallel ranks."""
-    return 6 + 12 / par.dp if par.distributed_optimizer else 18
+    """Static bytes per parameter at the setup's sharding level: Megatron's mixed-precision Adam (bf16 weight 2 +
+    fp32 grad 4 + fp32 master, m, v 12 = 18 bytes; the distributed optimizer shards the 12 optimizer bytes), or FSDP
+    (parallel/fsdp.py)."""
+    from ..parallel import bytes_per_param as sharded
+
+    return sharded(par)
 
 
 def grad_accum_bytes(par: ParallelConfig) -> float:
@@ -40,6 +43,7 @@ class _OpList:
     ops: list[Op] = field(default_factory=list)
     last: str = BLOCK_INPUT
     accum: float = 0.0
+    context: int = 1  # context-parallel ranks: attention's keys span this many times the local tokens (parallel/cp.py)
 
     def add(self, id: str, *, inputs: list[str] | None = None, saves: list[str] | None = None, **kw) -> str:
         saves = [id if ref == "self" else ref for ref in saves or []]  # "self": the op's own output

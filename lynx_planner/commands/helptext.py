@@ -32,8 +32,19 @@ BENCH_CHECK = ("Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the
 EXPORT_TO = ("megatron: Megatron-LM arguments; torchtitan: torchtitan 0.3 command-line arguments and the LynxAC hook; "
              "torchtitan-0.2: a torchtitan 0.2.2 TOML job file and the apply_plan call.")
 
-DISTRIBUTED_OPTIMIZER = ("Shard optimizer state over data-parallel ranks (Megatron --use-distributed-optimizer, "
-                         "torchtitan's FSDP); matters with --dp > 1.")
+DISTRIBUTED_OPTIMIZER = ("ZeRO-1: shard the optimizer state (fp32 master weights, Adam m and v) over data-parallel "
+                         "ranks; weights and gradients stay whole on every rank (Megatron --use-distributed-optimizer)"
+                         ". Matters with --dp > 1. For parameters and gradients sharded too, use --fsdp.")
+FSDP = ("FSDP2 / ZeRO-3: shard parameters, gradients and optimizer state over the data-parallel ranks; each layer's "
+        "parameters are all-gathered before its forward and backward and its gradients reduce-scattered after "
+        "(torchtitan's default, Megatron --use-megatron-fsdp). Not with --distributed-optimizer.")
+RESHARD_AFTER_FORWARD = ("With --fsdp: free each layer's gathered parameters after its forward and gather them again "
+                         "for its backward (FSDP2's default); --no-reshard-after-forward keeps them (more memory, "
+                         "no backward all-gather).")
+HSDP_SHARD_SIZE = ("With --fsdp: HSDP, parameters sharded over groups of N data-parallel ranks (e.g. a node) and "
+                   "replicated across dp / N groups; N divides --dp (torchtitan data_parallel_shard_degree).")
+CP = ("Context parallelism: split each sequence over N ranks (ring attention exchanges K/V chunks); N divides "
+      "--seq-len. GPUs = tp x cp x dp x pp.")
 
 # Shown at the end of each command's --help (each line a runnable example).
 EXAMPLES = {

@@ -21,7 +21,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         seq_len: int | None, num_microbatches: int | None, sequence_parallel: bool, ep: int, attention, dropout: float,
         method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
-        tp_comm_overlap: bool, overlap_p2p_comm: bool) -> None:
+        tp_comm_overlap: bool, overlap_p2p_comm: bool, fsdp: bool = False, reshard_after_forward: bool = True,
+        hsdp_shard_size: int | None = None, cp: int = 1) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -29,10 +30,12 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         raise InputError(f"{'--threads' if threads is not None else '--repeats'} applies to --method measure only")
     check_threads(threads)
     hw = find_hardware(hardware)
+    sharding = dict(fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp)
+    distributed_optimizer = resolve_distributed_optimizer(distributed_optimizer, fsdp)
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,
-                             schedule=schedule.value, distributed_optimizer=distributed_optimizer,
+                             schedule=schedule.value, distributed_optimizer=distributed_optimizer, **sharding,
                              overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather,
                              tp_comm_overlap=tp_comm_overlap, overlap_p2p_comm=overlap_p2p_comm,
                              virtual_stages=virtual_stages, ep=ep)
@@ -52,6 +55,23 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
                               warn=lambda message: err.print(f"warning: {message}"))
     write_atomic(output, dumps(profile))
     summary(profile, output)
+
+
+def sharding(par) -> str:
+    """How the data-parallel ranks hold the model, for the summary line."""
+    if par.fsdp:
+        hsdp = f" (HSDP: shards of {par.hsdp_shard_size})" if par.hsdp_shard_size else ""
+        return f", FSDP{hsdp}{'' if par.reshard_after_forward else ' without resharding after forward'}"
+    return ", ZeRO-1" if par.distributed_optimizer and par.dp > 1 else ""
+
+
+def resolve_distributed_optimizer(given: bool | None, fsdp: bool) -> bool:
+    """--distributed-optimizer's default: on (ZeRO-1), off under --fsdp, which shards the optimizer state itself;
+    both given is one or the other."""
+    if given and fsdp:
+        raise InputError("--fsdp and --distributed-optimizer are one or the other: FSDP shards parameters, gradients "
+                         "and optimizer state (ZeRO-3), the distributed optimizer only the optimizer state (ZeRO-1)")
+    return (not fsdp) if given is None else given
 
 
 def precision(profile: Profile) -> str:
@@ -75,10 +95,20 @@ def summary(profile: Profile, path: Path) -> None:
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "
               f"{precision(profile)}, {how} ({format_bytes(hw.memory_bytes)}), tp {par.tp} pp {par.pp} dp {par.dp}"
-              f"{f' ep {par.ep}' if par.ep > 1 else ''}, "
+              f"{f' ep {par.ep}' if par.ep > 1 else ''}{f' cp {par.cp}' if par.cp > 1 else ''}{sharding(par)}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
               f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
+    try:
+        from ..parallel import fsdp
+        from ..tune import max_static_bytes
+
+        gathered = fsdp.transient_bytes(profile, list(range(len(profile.layers) // par.pp)))
+        out.print(f"static memory per device (largest stage of the even split): {format_bytes(max_static_bytes(profile))}"
+                  + (f", of which FSDP's gathered parameters and unsharded gradients {format_bytes(gathered)}"
+                     if gathered else ""))
+    except Exception:  # a summary line is not worth failing for
+        pass
     try:
         from ..solvers import solve
 

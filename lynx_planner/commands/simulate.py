@@ -12,12 +12,15 @@ from .options import check_output, load_plan, load_profile, plan_profile_path
 from .tables import in_unit, ms, percent, table, unit
 from .terminal import err, out
 
-_STREAMS = ("compute", "tp collective", "recompute (side)")
+from ..streams import STREAMS  # the rank's streams (streams.py)
+
+_STREAMS = ("compute", "tp collective", "recompute (side)")  # listed first in every trace, used or not
 
 
 def chrome_trace(events: list[dict], stages: int) -> dict:
     """Chrome trace-event JSON: one process per stage, one thread per stream, with name metadata for Perfetto."""
-    streams = list(_STREAMS) + sorted({e["tid"] for e in events} - set(_STREAMS))
+    used = {e["tid"] for e in events}
+    streams = list(_STREAMS) + [s for s in STREAMS if s in used and s not in _STREAMS] + sorted(used - set(STREAMS))
     tid = {name: i for i, name in enumerate(streams)}
     meta: list[dict] = []
     for s in range(stages):

@@ -22,9 +22,17 @@ from .user_code import call_model_file
 
 def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len: int, memory_limit: str | None,
         time_limit: float | None, top: int, ep: int | None, distributed_optimizer: bool, as_json: bool,
-        out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None) -> None:
+        out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None,
+        fsdp: bool = False, reshard_after_forward: bool = True, hsdp_shard_size: int | None = None,
+        cp: int | None = None) -> None:
     from .. import schedules as schedule_names
     from .. import tune
+    from .profile import resolve_distributed_optimizer
+
+    search = tune.ParallelSearch(fsdp, reshard_after_forward, hsdp_shard_size, cp)
+    distributed_optimizer = resolve_distributed_optimizer(distributed_optimizer, search.fsdp)
+    if not search.fsdp and (search.hsdp_shard_size is not None or not search.reshard_after_forward):
+        raise InputError("--hsdp-shard-size and --no-reshard-after-forward need --fsdp")
 
     names = schedule_names.NAMES if schedule.strip() == "all" else tuple(s.strip() for s in schedule.split(",")
                                                                          if s.strip())
@@ -50,10 +58,11 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
     if gpus is None:
         if names != ("1f1b",) or virtual_stages is not None:
             raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
-        return size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json)
+        return size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json,
+                       search)
     json_rows = []
     for hw in kinds:
-        profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer,
+        profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer, search=search,
                                  call=lambda fn, *a, **k: call_model_file(Path(model), "profiling", fn, *a, **k))
         bar, report = progress_bar(f"{hw.name}:")
         with bar:
@@ -118,7 +127,9 @@ def check_out_dir(out_dir: Path) -> None:
 def layout_cells(lay) -> list[str]:
     v = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
     pp = f"{lay.pp}" if lay.schedule == "1f1b" else f"{lay.pp}({lay.schedule}{v})"
-    return [f"{lay.tp}x{pp}x{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else ""),
+    cp = f" cp{lay.cp}" if getattr(lay, "cp", 1) > 1 else ""
+    shard = (f" hsdp{lay.hsdp_shard_size}" if lay.hsdp_shard_size else " fsdp") if getattr(lay, "fsdp", False) else ""
+    return [f"{lay.tp}x{pp}x{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else "") + cp + shard,
             f"{lay.micro_batch_size}x{lay.num_microbatches}",
             "y" if lay.sequence_parallel else "-"]
 
@@ -152,7 +163,7 @@ def print_tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: 
 
 
 def size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int, limit: int | None,
-            time_limit: float | None, distributed_optimizer: bool, as_json: bool) -> None:
+            time_limit: float | None, distributed_optimizer: bool, as_json: bool, search=None) -> None:
     from .. import tune
 
     rows = []
@@ -160,7 +171,8 @@ def size_up(model: str, kinds: list[Hardware], global_batch: int, seq_len: int, 
         bar, report = progress_bar(f"{hw.name}:")
         with bar:
             sizing = tune.size_up(model, hw, global_batch, seq_len, limit, time_limit=time_limit,
-                                  distributed_optimizer=distributed_optimizer, progress=report)
+                                  distributed_optimizer=distributed_optimizer, progress=report,
+                                  search=search or tune.ParallelSearch())
         if sizing.fewest_gpus is None:
             rows.append({"hardware": hw.name, "gpus": None, "fewest": True, "row": None})
         for n, result in sizing.results:

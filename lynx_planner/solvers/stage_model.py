@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from .. import placements, schedules, simulator
+from .. import placements, schedules, simulator, streams
 from ..evaluate import static_bytes
 from ..schema import Profile
 from .candidates import Candidate, pareto
@@ -60,13 +60,13 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
     par, hw = profile.parallel, profile.hardware
     gamma = hw.interference
     # the simulator's busy and idle seconds (with --tp-comm-overlap, forward collectives hide behind GEMMs: no window)
-    segs = [simulator.segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
+    segs = simulator.stage_segments(profile, first, end)  # with the waits between layers (streams.py: FSDP)
     slots = []
     for j, i in enumerate(range(first, end)):
         top = i == end - 1
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top))
-    legal = placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages)
+    legal = streams.legal_placements(profile, s)
     awaiting_w = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
     # what each micro-batch awaiting W holds beside its graph, whatever the plan (the simulator's count)
     held = awaiting_w * sum(simulator.held_until_w(profile, i, first) for i in range(first, end)) if awaiting_w else 0

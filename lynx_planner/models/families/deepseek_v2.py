@@ -82,7 +82,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     k_full = ew(ops, "self_attn:new_empty#0", kb, inputs=[kvb], read=0)
     k_full = ew(ops, "self_attn:copy_#0", kb, inputs=[k_full, kvb], inplace=True)
     k_full = ew(ops, "self_attn:copy_#1", kb, inputs=[k_full, k_pe], inplace=True)
-    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim, window_share(spec, kind, s))
+    core = _flash(ops, q_full, k_full, kvb, b, s, heads, qk, m.v_head_dim, window_share(spec, kind, s * ops.context))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * m.v_head_dim, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 

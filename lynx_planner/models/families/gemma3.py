@@ -69,7 +69,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     k = norm(ops, "self_attn.k_norm", k, n * kv * d, n * kv)
     q = _rope(ops, q, ACT * n * heads * d, 0)
     k = _rope(ops, k, ACT * n * kv * d, 2)
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 

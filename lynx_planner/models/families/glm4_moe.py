@@ -54,7 +54,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
         rotated.append(ew(ops, f"self_attn:add#{j}", r, inputs=[a, m]))
     q = ew(ops, "self_attn:cat#2", ACT * n * heads * d, inputs=[rotated[0], q])
     k = ew(ops, "self_attn:cat#3", ACT * n * kv * d, inputs=[rotated[1], k])
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     out = ew(ops, "self_attn:clone#0", ACT * n * heads * d, inputs=[core])  # the transposed output made contiguous
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[out], inputs=[out])
     return tp.after_row(ops, "self_attn.o_proj")

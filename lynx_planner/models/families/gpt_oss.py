@@ -59,7 +59,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     v = ops.gemm(f"self_attn.v_proj:{mm}#0", n, h, kv * d, saves=[ln], inputs=[src])
     q = _rope(ops, q, ACT * n * heads * d, 0, 0)
     k = _rope(ops, k, ACT * n * kv * d, 4, 1)
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))  # the sinks: one logit per head
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))  # the sinks: one logit per head
     ops.gemm(f"self_attn.o_proj:{'addmm' if spec.o_bias else 'mm'}#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 

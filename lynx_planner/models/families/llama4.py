@@ -87,7 +87,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
         if spec.qk_l2_norm:
             q = _l2(ops, "self_attn.qk_norm", q, qe, n * heads, 0)
             k = _l2(ops, "self_attn.qk_norm", k, ke, n * kv, 1)
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 

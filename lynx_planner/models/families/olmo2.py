@@ -64,7 +64,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     k = _rope32(ops, k, n * kv * d, 2)
     q = ew(ops, "self_attn:_to_copy#0", ACT * n * heads * d, inputs=[q], read=STAT * n * heads * d)
     k = ew(ops, "self_attn:_to_copy#1", ACT * n * kv * d, inputs=[k], read=STAT * n * kv * d)
-    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[core], inputs=[core])
     return tp.after_row(ops, "self_attn.o_proj")
 

@@ -50,7 +50,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     rot = int(d * spec.rotary_fraction)
     q = rope(ops, qkv, ACT * n * heads * d, ACT * n * heads * rot, 0)
     k = rope(ops, qkv, ACT * n * kv * d, ACT * n * kv * rot, 2)
-    core = _flash(ops, q, k, qkv, b, s, heads, d, d, window_share(spec, kind, s))
+    core = _flash(ops, q, k, qkv, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     out = ew(ops, "self_attn:clone#0", ACT * n * heads * d, inputs=[core])  # the transposed output made contiguous
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[out], inputs=[out])
     return tp.after_row(ops, "self_attn.o_proj")

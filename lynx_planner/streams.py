@@ -1,0 +1,214 @@
+"""The timeline's resources: the streams of one rank and the links its collectives and transfers use.
+
+One rank runs these streams side by side (docs/timeline.md draws them):
+
+  compute           the schedule's forward, backward and weight-gradient work, and exposed recomputation
+  recompute (side)  Lynx's recomputation, released early, running while the compute stream waits (slowed by the
+                    interference of the communication beside it)
+  tp collective     tensor-parallel all-reduces / all-gathers / reduce-scatters inside a layer (and MoE all-to-alls)
+  pp p2p            pipeline sends of activations and gradients between neighbouring stages
+  dp collective     data-parallel gradient reduction at the iteration's end; FSDP's per-layer parameter
+                    all-gathers and gradient reduce-scatters (parallel/fsdp.py)
+  cp exchange       ring attention's K/V chunk exchange inside each attention (parallel/cp.py)
+  copy engine       host <-> device copies (activation offload; no work is placed on it yet)
+
+The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
+those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
+it waits for, and they are where the side stream hides recomputation. This module says how long each wait is; the
+simulator runs them and never asks which parallel dimension produced one.
+
+Links: a collective's group is a set of ranks `stride` apart in the rank order, innermost first tp, cp, dp (the shard
+groups of HSDP inside, the replicas outside), pp (Megatron's tp-cp-dp-pp; torchtitan's mesh [pp, dp_replicate,
+dp_shard, cp, tp]). A group within a node runs on the intra-node link, one spanning nodes on the inter-node link
+(costs.group_link: one ring per NIC where the group has several GPUs on each node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import costs, placements
+from .parallel import cp as cp_dim
+from .parallel import fsdp
+from .schema import Block, ParallelConfig, Profile
+
+COMPUTE = "compute"
+SIDE = "recompute (side)"
+TP = "tp collective"
+PP = "pp p2p"
+DP = "dp collective"
+CP = "cp exchange"
+COPY = "copy engine"
+STREAMS: tuple[str, ...] = (COMPUTE, SIDE, TP, PP, DP, CP, COPY)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communication group of one rank: `size` ranks, `stride` ranks apart in the rank order."""
+
+    name: str
+    size: int
+    stride: int
+    stream: str
+    p2p: bool = False  # sends between neighbours (a ring of p2p transfers), not a collective
+
+
+def groups(par: ParallelConfig) -> dict[str, Group]:
+    """The rank's groups, by name: tp, cp, dp (gradient reduction: dp x cp ranks hold the same parameters), and under
+    FSDP its shard group and (HSDP) replica group."""
+    shard = fsdp.shard_size(par) if par.fsdp else par.dp
+    out = {"tp": Group("tp", par.tp, 1, TP), "cp": Group("cp", par.cp, par.tp, CP, p2p=True),
+           "dp": Group("dp", par.dp * par.cp, par.tp, DP)}
+    if par.fsdp:
+        out["fsdp_shard"] = Group("fsdp_shard", shard * par.cp, par.tp, DP)
+        out["fsdp_replicate"] = Group("fsdp_replicate", par.dp // shard, par.tp * par.cp * shard, DP)
+    return out
+
+
+def bus(profile: Profile, group: str) -> tuple[float, float]:
+    """(bus bandwidth, latency) of one of the rank's groups, by where its ranks lie."""
+    g, hw = groups(profile.parallel)[group], profile.hardware
+    if g.p2p:  # a ring of sends: its slowest hop, over one NIC where the ring leaves the node
+        if g.size * g.stride <= hw.gpus_per_node:
+            return costs.p2p_link(hw, g.stride)
+        return costs.link(hw, g.size * g.stride)
+    return costs.group_link(hw, g.size, g.stride)
+
+
+def link_kind(profile: Profile, group: str) -> str:
+    """'intra' or 'inter': whether the group stays within one node."""
+    g = groups(profile.parallel)[group]
+    return "intra" if g.size * g.stride <= profile.hardware.gpus_per_node else "inter"
+
+
+# ------------------------------------------------------------------------------------------------ waits inside a block
+
+def op_waits(profile: Profile, block: Block) -> tuple[tuple[str, float, float, str], ...]:
+    """Waits a block's ops leave on the compute stream besides its TP collectives: (op id, forward seconds, backward
+    seconds, stream), placed right after the op in forward and before it in backward. Context parallelism: ring
+    attention's K/V exchange where it outlasts the blockwise attention beside it."""
+    par = profile.parallel
+    if par.cp == 1:
+        return ()
+    ids = {op.id: op for op in block.ops}
+    out = []
+    for op in block.ops:
+        if "core_attn" in op.tags and op.kind == "compute" and len(op.inputs) >= 3:
+            kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)
+            f, b = cp_dim.exchange_exposed_s(par.cp, kv, op.fwd_s, op.bwd_s, bus(profile, "cp"))
+            if f > 0 or b > 0:
+                out.append((op.id, f, b, CP))
+    return tuple(out)
+
+
+def op_spans(profile: Profile, block: Block) -> tuple[tuple[str, str, str, float, float], ...]:
+    """What the trace draws of a block's communication beside its compute, waited for or not: (stream, name, phase
+    'F' or 'B', seconds from the layer's start in that phase, seconds). Context parallelism: each attention's whole
+    ring exchange, from the attention's start (forward) or from its backward's start (backward)."""
+    par = profile.parallel
+    if par.cp == 1:
+        return ()
+    ops = [op for op in block.ops if not op.view]
+    ids = {op.id: op for op in ops}
+    waits = {w[0]: w for w in op_waits(profile, block)}
+    out, t = [], 0.0
+    for op in ops:  # forward offsets: every op and wait before the attention
+        if "core_attn" in op.tags and op.kind == "compute" and len(op.inputs) >= 3:
+            kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)
+            f, _ = cp_dim.exchange_s(par.cp, kv, bus(profile, "cp"))
+            out.append((CP, "K/V ring", "F", t, f))
+        t += op.fwd_s + (waits[op.id][1] if op.id in waits else 0.0)
+    t = 0.0
+    for op in reversed(ops):
+        t += waits[op.id][2] if op.id in waits else 0.0
+        if "core_attn" in op.tags and op.kind == "compute" and len(op.inputs) >= 3:
+            kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)
+            _, b = cp_dim.exchange_s(par.cp, kv, bus(profile, "cp"))
+            out.append((CP, "K/V + dK/dV ring", "B", t, b))
+        t += op.bwd_s
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------- waits between layers
+
+@dataclass(frozen=True)
+class LayerWaits:
+    """The DP stream's waits around one layer (FSDP): before its forward (its all-gather), before its backward (the
+    top layer's all-gather, nothing to prefetch it behind) and after its backward (the next lower layer's all-gather
+    and this layer's reduce-scatter, beyond this layer's backward)."""
+
+    fwd_before: float = 0.0
+    bwd_before: float = 0.0
+    bwd_after: float = 0.0
+    rec_beside: float = 0.0  # on-demand recomputation of the layer that runs beside the DP stream's work: hidden
+    spans: tuple[tuple[str, str, str, float, float], ...] = ()  # for the trace: as op_spans, this layer's collectives
+
+
+def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: list[float],
+                on_demand_s: list[float] | None = None) -> list[LayerWaits]:
+    """Per layer of a chunk (global indices `layers`, bottom up, with each layer's forward and backward seconds on
+    the compute stream), the steady-state waits FSDP2's prefetching leaves: forward, layer i's all-gather runs beside
+    layer i-1's forward (implicit prefetch), so i waits max(0, AG_i - F_{i-1}); the chunk's lowest layer waits its
+    whole all-gather. Backward (explicit prefetch of one unit), layer i's backward (its on-demand recomputation
+    included: FSDP2 runs a checkpointed unit's forward inside its backward, the parameters already gathered) runs
+    beside the all-gather of layer i-1 and the reduce-scatter of layer i: the compute stream waits
+    max(0, AG_{i-1} + RS_i - B_i) after it; what of that its on-demand recomputation fills is hidden (rec_beside). The
+    chunk's top layer waits its whole backward all-gather; the lowest
+    layer's reduce-scatter overlaps what follows (the iteration's last one is in simulator.reduce_gradients)."""
+    par = profile.parallel
+    if not par.fsdp:
+        return [LayerWaits() for _ in layers]
+    shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
+    params = [profile.layers[i].params for i in layers]
+    ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
+    rs = [fsdp.reduce_scatter_s(n, par, shard, rep) for n in params]
+    regather = fsdp.gathers_in_backward(par)
+    rec = on_demand_s or [0.0] * len(layers)
+    out = []
+    for j in range(len(layers)):
+        before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])
+        bwd_before = ag[j] if regather and j == len(layers) - 1 else 0.0
+        comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j])
+        # the trace's spans: this layer's all-gather ending as its forward compute starts (after the wait); in
+        # backward, the next lower layer's all-gather from its start (resharded), then this layer's reduce-scatter
+        # once its compute ends (the wait after it, if any, is these outlasting it)
+        spans = [(DP, f"all-gather L{layers[j]}", "F", before - ag[j], ag[j])]
+        if j > 0 and regather:
+            spans.append((DP, f"all-gather L{layers[j - 1]}", "B", 0.0, ag[j - 1]))
+        end = bwd_before + bwd_s[j] + rec[j]
+        spans.append((DP, f"reduce-scatter L{layers[j]}", "B", max(end, ag[j - 1] if j > 0 and regather else 0.0),
+                      rs[j]))
+        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), min(rec[j], comm), tuple(spans)))
+    return out
+
+
+def grad_sync_s(profile: Profile, params: list[int], bottom_first: bool = True) -> list[float]:
+    """The DP stream's gradient reduction at the iteration's end, per layer of a rank (bottom up): an all-reduce (a
+    reduce-scatter with the distributed optimizer) over the dp x cp ranks; under FSDP only the lowest layer's
+    reduce-scatter is left (the others ran in the backward's waits, layer_waits)."""
+    par = profile.parallel
+    if par.fsdp:
+        shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
+        return [fsdp.reduce_scatter_s(n, par, shard, rep) if j == 0 else 0.0 for j, n in enumerate(params)]
+    from .simulator import grad_bytes  # the gradient element size (fp32 main grads, or 16-bit)
+
+    b, n = bus(profile, "dp"), par.dp * par.cp
+    per = costs.all_gather_s if par.distributed_optimizer else costs.all_reduce_s
+    return [per(grad_bytes(profile) * p, n, b) for p in params]
+
+
+# --------------------------------------------------------------------------------------------------- placements
+
+def legal_placements(profile: Profile, s: int) -> tuple[str, ...]:
+    """Recomputation placements that fire on virtual stage s (placements.py) and find what they need: under FSDP
+    resharding after forward, only those whose parameters are gathered when they run (parallel/fsdp.py)."""
+    par = profile.parallel
+    legal = placements.legal_placements(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages)
+    allowed = fsdp.early_placements(par)
+    return tuple(at for at in legal if at == "on_demand" or at in allowed)
+
+
+def describe(profile: Profile) -> list[tuple[str, str, int, int, str]]:
+    """(group, stream, size, stride, link) of each of the rank's groups larger than one rank: for docs and reports."""
+    return [(g.name, g.stream, g.size, g.stride, link_kind(profile, name))
+            for name, g in groups(profile.parallel).items() if g.size > 1]
