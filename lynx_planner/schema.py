@@ -6,7 +6,7 @@ Times are seconds, sizes bytes, bandwidths bytes per second.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -231,6 +231,10 @@ class ModelInfo(_Model):
     source: str = Field(description="'catalog' or the path of the model file")
     params: int = Field(ge=0, description="total parameters of the model")
     config: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    # The analytic model description (models/spec.py ModelSpec, its non-default fields), from which exports build the
+    # same model in another stack. Left out of the JSON at None: profiles before it, and measured ones, keep their bytes.
+    architecture: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None,
+                                                description="the ModelSpec the profile was built from")
 
 
 class Profile(_Model):

@@ -168,6 +168,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     if spec.moe is not None:
         config |= {"experts": spec.moe.experts, "top_k": spec.moe.top_k, "expert_ffn": spec.moe.expert_ffn,
                    "active_params": spec.active_params(par.seq_len)}
-    info = ModelInfo(name=spec.name, source=spec.source or "catalog", params=spec.params(par.seq_len), config=config)
+    info = ModelInfo(name=spec.name, source=spec.source or "catalog", params=spec.params(par.seq_len), config=config,
+                     architecture=spec.model_dump(mode="json", exclude_defaults=True))
     return Profile(model=info, parallel=par, hardware=hw, method="analytic", attention="flash", dropout=0.0,
                    blocks=blocks, layers=layers, dtype="bf16")

@@ -42,7 +42,7 @@ def run(plan_path: Path, to: Framework, profile: Path | None) -> None:
         typer.echo(export.toml(export.torchtitan(plan, prof)))
         typer.echo(export.TORCHTITAN_APPLY)
         return
-    got = export.megatron(plan, prof)
+    got = export.megatron(plan, prof, str(prof_path))
     typer.echo(f"# {plan_path} ({plan.algo}, {plan.predicted.iteration_time_s:.4f} s) for {export.MEGATRON_VERSION}")
     typer.echo(" \\\n".join(got.flags + (got.recompute.flags if got.recompute else [])))
     typer.echo("")

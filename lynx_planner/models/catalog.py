@@ -88,7 +88,8 @@ HF_CONFIGS: dict[str, tuple[str, dict]] = {
         "num_key_value_heads": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
         "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-        "v_head_dim": 128, "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "vocab_size": 129280,
+        "v_head_dim": 128, "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "vocab_size": 129280,
         "tie_word_embeddings": False, "hidden_act": "silu"}),
 }
 

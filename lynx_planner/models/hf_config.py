@@ -34,6 +34,13 @@ class _Fields:
         return v
 
 
+def _number(f: _Fields, key: str) -> float | None:
+    v = f.get(key, kind=float, required=False)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+        raise InputError(f"{f.where}: field {key!r} must be a positive number, not {v!r}")
+    return None if v is None else float(v)
+
+
 def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) -> ModelSpec:
     """The ModelSpec of a Hugging Face config dict; `where` names it in errors (a file path or a catalog entry)."""
     if not isinstance(cfg, dict):
@@ -55,6 +62,7 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
         vocab=f.get("vocab_size"), tie_embeddings=f.get("tie_word_embeddings", False, bool),
         qkv_bias=mt in ("qwen2", "qwen2_moe") or f.get("attention_bias", False, bool),
         qk_norm=mt in ("qwen3", "qwen3_moe"),
+        rope_theta=_number(f, "rope_theta"), norm_eps=_number(f, "rms_norm_eps"),
     )
     if mt in ("llama", "mistral") and f.get("mlp_bias", False, bool):
         raise InputError(f"{where}: field 'mlp_bias': true is not supported")
@@ -78,7 +86,9 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
         kw["moe"] = MoESpec(experts=f.get("n_routed_experts"), top_k=f.get("num_experts_per_tok"),
                             expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
                             dense_layers=f.get("first_k_dense_replace", 0),
-                            norm_topk_prob=f.get("norm_topk_prob", True, bool))
+                            norm_topk_prob=f.get("norm_topk_prob", True, bool), score="sigmoid",
+                            groups=f.get("n_group", 1), group_topk=f.get("topk_group", 1),
+                            scaling=_number(f, "routed_scaling_factor") or 1.0)
         kw["mla"] = MLASpec(q_lora_rank=f.get("q_lora_rank", required=False) or None,
                             kv_lora_rank=f.get("kv_lora_rank"), qk_rope_head_dim=f.get("qk_rope_head_dim"),
                             qk_nope_head_dim=f.get("qk_nope_head_dim"), v_head_dim=f.get("v_head_dim"))

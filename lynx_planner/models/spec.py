@@ -44,6 +44,12 @@ class MoESpec(_Spec):
     shared_gate: bool = Field(False, description="a sigmoid gate on the shared expert's output (Qwen2-MoE)")
     dense_layers: int = Field(0, ge=0, description="the first k layers have a dense MLP of `ffn_hidden` (DeepSeek)")
     norm_topk_prob: bool = Field(True, description="top-k routing weights renormalised to sum to 1")
+    # How the router scores (exports: the Megatron flags that build the same router). Defaults: Mixtral's softmax.
+    score: Literal["softmax", "sigmoid"] = Field("softmax", description="router score function (DeepSeek: sigmoid, "
+                                                 "with a load-balancing bias per expert)")
+    groups: PositiveInt = Field(1, description="expert groups of group-limited routing (DeepSeek's n_group)")
+    group_topk: PositiveInt = Field(1, description="groups each token may route to (DeepSeek's topk_group)")
+    scaling: float = Field(1.0, gt=0, description="routing weights' scale (DeepSeek's routed_scaling_factor)")
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -76,6 +82,9 @@ class ModelSpec(_Spec):
     qk_norm: bool = Field(False, description="RMSNorm on each query and key head (Qwen3)")
     mla: MLASpec | None = None
     moe: MoESpec | None = None
+    # Not sizes, but part of the model an export must build (None: the config does not say; transformers' default)
+    rope_theta: float | None = Field(None, gt=0, description="rotary base (rotary positions)")
+    norm_eps: float | None = Field(None, gt=0, description="epsilon of the norms")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
