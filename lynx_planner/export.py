@@ -23,14 +23,16 @@ from dataclasses import dataclass, field
 
 from . import evaluate as ev
 from . import schedules
-from .exports import megatron_model
-from .exports.layout import layout_flag, layout_notes, split_flags, virtual_flags  # noqa: F401 (export.* names)
+from .exports import architecture, megatron_model, torchtitan_model
+from .exports.layout import layout_flag, layout_notes, roles, split_flags, virtual_flags  # noqa: F401 (export.*)
+from .io import InputError
 from .schema import Plan, Profile
 
 MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
 TORCHTITAN_VERSION = "torchtitan 0.3.0"
 TORCHTITAN_02_VERSION = "torchtitan v0.2.2"
-# torchtitan's config_registry functions of lynx's catalog models (`--module llama3 --config NAME`)
+# torchtitan's config_registry functions of lynx's catalog Llamas (`--module llama3 --config NAME`); the export finds
+# any model's by its shape (exports/torchtitan_model.py FLAVORS)
 TORCHTITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
                       "llama3-405b": ("llama3", "llama3_405b")}
 
@@ -230,21 +232,44 @@ model = lynx_planner.apply_plan(model, "plan.json", stage=stage, names="torchtit
 '''
 
 
-def torchtitan_args(plan: Plan, profile: Profile) -> tuple[list[list[str]], list[str]]:
+def _torchtitan_config(plan: Plan, profile: Profile, where: str) -> tuple[tuple[str, str], list[str]]:
+    """torchtitan's (module, config) that builds the profiled model (exports/torchtitan_model.py), or an InputError:
+    torchtitan has no Megatron GPT, and a measured profile's model is unknown: the Llama 3 debug model is named for it
+    only where its depth is the plan's (torchtitan's pipeline split would otherwise drop layers)."""
+    spec = architecture.spec_of(profile, where)
+    if spec is not None:
+        architecture.unknown_fields(profile, megatron_model.HANDLED, megatron_model.MOE_HANDLED, "torchtitan", where)
+        module, config, notes = torchtitan_model.config_of(spec, where)
+        return (module, config), notes
+    if profile.model.source == "catalog":  # the catalog GPTs: every other catalog model records its architecture
+        raise InputError(f"{where}: field model: {profile.model.name} is a Megatron GPT (LayerNorm, GeLU, learned "
+                         "positions), which torchtitan 0.3 does not build; not exporting a different model (export "
+                         "it --to megatron)")
+    decoders = sum(r == "t" for r in roles(profile))
+    if decoders != torchtitan_model.DEBUG_LAYERS:
+        raise InputError(f"{where}: field layers: lynx does not know which torchtitan config builds this "
+                         f"model-file model of {decoders} decoder layers; torchtitan's Llama 3 debug model has "
+                         f"{torchtitan_model.DEBUG_LAYERS}, and its pipeline split would drop the layers the plan "
+                         "does not list: export a plan of a profile of torchtitan's model as its config builds it")
+    return torchtitan_model.DEBUG, [f"the profile is of a model file: --module/--config name torchtitan's "
+                                    f"Llama 3 debug model ({decoders} layers, as the profile's); give your model's"]
+
+
+def torchtitan_args(plan: Plan, profile: Profile, where: str = "profile") -> tuple[list[list[str]], list[str]]:
     """(arguments, one option per line, and notes) for torchtitan 0.3's ConfigManager: `--module M --config C` and `--section.key value`
     overrides of the 0.2.2 settings above; AC off (`activation-checkpoint:none`): the plan is applied by
     `lynx_planner.integrations.torchtitan.LynxAC` (TORCHTITAN_HOOK)."""
     from .layouts import CONVENTIONS, plan_convention, rename
 
     sections = torchtitan(plan, profile)
-    notes = []
-    module_config = TORCHTITAN_CONFIGS.get(profile.model.name)
-    if module_config is None:
-        module_config = ("llama3", "llama3_debugmodel")
-        notes.append(f"torchtitan has no config of {profile.model.name}: --module/--config name torchtitan's Llama 3 "
-                     "debug model; give your model's")
+    module_config, notes = _torchtitan_config(plan, profile, where)
     args = [["--module", module_config[0]], ["--config", module_config[1]]]
     parallelism = dict(sections["parallelism"])
+    spec = architecture.spec_of(profile, where)
+    ep, ep_notes = torchtitan_model.expert_parallel(spec, profile.parallel.tp, profile.parallel.ep,
+                                                    parallelism.get("data_parallel_shard_degree", 1), where)
+    parallelism |= ep
+    notes += ep_notes
     if "module_fqns_per_model_part" in parallelism:
         source = plan_convention(plan)
         if source is not None:  # 0.3.0 names the last model part lm_head (0.2.2: output)

@@ -30,7 +30,8 @@ def roles(profile: Profile) -> list[str]:
     from ..solvers.partition import repeated_block
 
     rep = repeated_block(profile)
-    prefixes = {re.sub(r"\.\d+$", "", l.name) for l in profile.layers if l.block == rep and re.search(r"\.\d+$", l.name)}
+    prefixes = {re.sub(r"\.\d+$", "", l.name) for l in profile.layers
+                if l.block == rep and re.search(r"\.\d+$", l.name)}
     decoder = [(re.sub(r"\.\d+$", "", l.name) in prefixes and re.search(r"\.\d+$", l.name) is not None)
                if prefixes else l.block == rep for l in profile.layers]
     first, last = decoder.index(True), len(decoder) - 1 - decoder[::-1].index(True)

@@ -10,6 +10,7 @@ The Megatron GPT (family 'gpt') is Megatron's default model: its flags are the s
 from __future__ import annotations
 
 from ..io import InputError
+from . import architecture
 from ..models.spec import ModelSpec
 from ..schema import ParallelConfig, Profile
 
@@ -25,25 +26,11 @@ MOE_HANDLED = {"experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn",
 
 
 def spec_of(profile: Profile, where: str) -> ModelSpec | None:
-    """The profiled model's ModelSpec; None for a profile measured from a model file (no architecture recorded)."""
-    arch = profile.model.architecture
-    if arch is None:
-        if "family" in profile.model.config:
-            raise InputError(f"{where}: field model.architecture: the profile does not record its model's "
-                             "architecture (made before lynx recorded it): re-run `lynx profile` and `lynx plan` to "
-                             "export it")
-        return None
-    unknown = sorted(set(arch) - HANDLED) + sorted(f"moe.{k}" for k in set(arch.get("moe") or {}) - MOE_HANDLED)
-    if unknown:
-        raise InputError(f"{where}: field model.architecture: {', '.join(unknown)} "
-                         f"({', '.join(repr(_get(arch, k)) for k in unknown)}): lynx knows no Megatron-LM flag that "
-                         "builds it; not exporting a different model")
-    return ModelSpec.model_validate(arch)
-
-
-def _get(arch: dict, key: str):
-    head, _, rest = key.partition(".")
-    return arch[head][rest] if rest else arch[head]
+    """The profiled model (architecture.spec_of), refused where it has a field these flags do not express."""
+    spec = architecture.spec_of(profile, where)
+    if spec is not None:
+        architecture.unknown_fields(profile, HANDLED, MOE_HANDLED, "Megatron-LM", where)
+    return spec
 
 
 def vocab_divisor(vocab: int, tp: int) -> int:
