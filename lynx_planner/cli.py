@@ -22,6 +22,7 @@ from .commands.choices import (
     Device,
     Dtype,
     Framework,
+    Kernels,
     Method,
     Partition,
     Schedule,
@@ -152,11 +153,18 @@ def profile_cmd(
         "--overlap-p2p-communication/--no-overlap-p2p-communication", show_default=False, help="Pipeline sends "
         "beside the compute (the default: torch's schedules, Megatron's interleaved one), or blocking as Megatron's "
         "1F1B runs them.")] = True,
+    kernels: Annotated[Optional[Kernels], typer.Option(
+        show_default="hf", help="How a catalog or config.json decoder layer runs (what it saves): hf (Hugging Face "
+        "eager modules) or te (Megatron-core with Transformer Engine: fused norm+linear, rotary, SwiGLU).")] = None,
+    fp8: Annotated[bool, typer.Option(
+        "--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers (their saved inputs in fp8).")]
+    = False,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
-                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm)
+                distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm,
+                kernels, fp8)
 
 
 @command("plan")

@@ -142,7 +142,8 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
     return Plan(algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
                                       schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep),
-                stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast)
+                stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast,
+                kernels=profile.kernels, fp8=profile.fp8)
 
 
 # `check`'s tolerances. A plan's predicted times must equal a fresh simulation within 1e-6 relative (or 1 ns: the

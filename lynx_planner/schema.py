@@ -31,6 +31,8 @@ Schedule = Literal["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"]
 # Training precision: the weights' dtype, and the dtype of autocast over fp32 weights.
 Dtype = Literal["fp32", "bf16", "fp16"]
 Autocast = Literal["bf16", "fp16"]
+# How a decoder layer runs (lynx_planner/kernels): which ops it fuses and which tensors it saves.
+Kernels = Literal["hf", "te"]
 
 
 class _Model(BaseModel):
@@ -253,6 +255,12 @@ class Profile(_Model):
     dtype: Dtype | None = Field(None, description="training precision of the weights the profile was made in "
                                 "(model files; None: not recorded)")
     autocast: Autocast | None = Field(None, description="autocast dtype of the forward (fp32 weights), or None")
+    # How the decoder layers run (lynx_planner/kernels). Left out of the JSON at their defaults (Hugging Face eager
+    # kernels, no fp8): profiles before them keep their bytes and meaning.
+    kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf",
+                             description="hf: Hugging Face eager modules; te: Megatron-core with Transformer Engine")
+    fp8: bool = Field(False, exclude_if=lambda v: v is False,
+                      description="Transformer Engine's fp8 linear layers (their saved inputs in fp8)")
 
     @model_validator(mode="after")
     def _check_layers(self) -> Profile:
@@ -350,3 +358,5 @@ class Plan(_Model):
     solver: SolverInfo
     dtype: Dtype | None = Field(None, description="the profile's weight precision; apply_plan refuses others")
     autocast: Autocast | None = Field(None, description="the profile's autocast dtype; apply_plan refuses others")
+    kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf", description="the profile's kernels")
+    fp8: bool = Field(False, exclude_if=lambda v: v is False, description="the profile's fp8 linear layers")

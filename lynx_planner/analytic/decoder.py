@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .. import costs
+from ..kernels import kernel_set
 from ..policy import OUTSIDE
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
@@ -121,7 +122,8 @@ def _block_names(spec: ModelSpec) -> dict[bool, str]:
 
 
 @lru_cache(maxsize=32)
-def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str) -> dict[str, Block]:
+def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str, kernels: str = "hf",
+            fp8: bool = False) -> dict[str, Block]:
     """The blocks depend on these only (not on PP, DP or the micro-batch count): `lynx tune` builds them once per
     (TP, micro-batch, SP, EP) and the solvers' per-block caches then hold across its layouts."""
     par = ParallelConfig(tp=tp, micro_batch_size=mb, seq_len=seq, sequence_parallel=sp, dp=ep, ep=ep)
@@ -129,14 +131,15 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
     cls = CLASS_PREFIX[spec.family]
     names = _block_names(spec)
     blocks = {"Embedding": _embedding(spec, par, hw)}
-    blocks |= {name: layer_block(spec, par, hw, name, k) for k, name in names.items()}
+    build = kernel_set(kernels).layer_block  # how the layer runs (lynx_planner/kernels)
+    blocks |= {name: build(spec, par, hw, name, k, fp8) for k, name in names.items()}
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
     blocks["Linear"] = _lm_head(spec, par, hw)
     return blocks
 
 
 def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attention: str = "flash",
-                    dropout: float = 0.0) -> Profile:
+                    dropout: float = 0.0, kernels: str = "hf", fp8: bool = False) -> Profile:
     if attention != "flash":
         raise ValueError(f"--attention {attention}: the {spec.family} op graph has fused (sdpa) attention only")
     if dropout:
@@ -148,7 +151,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     cls = CLASS_PREFIX[spec.family]
     names = _block_names(spec)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
-                          hw.model_dump_json()))
+                          hw.model_dump_json(), kernels, fp8))
     bpp = bytes_per_param(par)
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
@@ -171,4 +174,4 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     info = ModelInfo(name=spec.name, source=spec.source or "catalog", params=spec.params(par.seq_len), config=config,
                      architecture=spec.model_dump(mode="json", exclude_defaults=True))
     return Profile(model=info, parallel=par, hardware=hw, method="analytic", attention="flash", dropout=0.0,
-                   blocks=blocks, layers=layers, dtype="bf16")
+                   blocks=blocks, layers=layers, dtype="bf16", kernels=kernels, fp8=fp8)

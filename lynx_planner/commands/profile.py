@@ -21,7 +21,7 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         seq_len: int | None, num_microbatches: int | None, sequence_parallel: bool, ep: int, attention, dropout: float,
         method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
-        tp_comm_overlap: bool, overlap_p2p_comm: bool) -> None:
+        tp_comm_overlap: bool, overlap_p2p_comm: bool, kernels=None, fp8: bool = False) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -49,7 +49,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
                               method=method.value, device=device.value, overrides=overrides,
                               dtype=dtype.value if dtype else None, autocast=autocast.value if autocast else None,
                               threads=threads, repeats=repeats or 5, progress=True,
-                              warn=lambda message: err.print(f"warning: {message}"))
+                              warn=lambda message: err.print(f"warning: {message}"),
+                              kernels=kernels.value if kernels else "hf", fp8=fp8)
     write_atomic(output, dumps(profile))
     summary(profile, output)
 
@@ -78,7 +79,8 @@ def summary(profile: Profile, path: Path) -> None:
               f"{f' ep {par.ep}' if par.ep > 1 else ''}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
-              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
+              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}"
+              + (f", {profile.kernels} kernels" if profile.kernels != "hf" else "") + (", fp8" if profile.fp8 else ""))
     try:
         from ..solvers import solve
 
