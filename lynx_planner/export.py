@@ -122,9 +122,12 @@ def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronEx
               f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}",
               f"--seq-length {par.seq_len}"]
     cfg = profile.model.config
+    kernel_notes: list[str] = []
     if spec is not None and spec.family != "gpt":
         flags += megatron_model.model_flags(spec, par, where)
         flags.append(f"--max-position-embeddings {par.seq_len}")
+        kernel, kernel_notes = megatron_model.kernel_flags(profile)
+        flags += kernel
     elif {"num_layers", "hidden", "heads"} <= set(cfg):  # the Megatron GPT: Megatron's default model
         flags += [f"--num-layers {cfg['num_layers']}", f"--hidden-size {cfg['hidden']}",
                   f"--num-attention-heads {cfg['heads']}"]
@@ -151,7 +154,7 @@ def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronEx
     choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
-    notes = _not_expressible(plan, profile) + layout_notes(profile, bounds)
+    notes = _not_expressible(plan, profile) + layout_notes(profile, bounds) + kernel_notes
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
                      "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
@@ -263,6 +266,9 @@ def torchtitan_args(plan: Plan, profile: Profile, where: str = "profile") -> tup
 
     sections = torchtitan(plan, profile)
     module_config, notes = _torchtitan_config(plan, profile, where)
+    if profile.kernels != "hf":
+        notes.append(f"the profile prices {profile.kernels} kernels{' in fp8' if profile.fp8 else ''}; torchtitan runs "
+                     "its own modules: profile with the default --kernels hf for its eager blocks' saved tensors")
     args = [["--module", module_config[0]], ["--config", module_config[1]]]
     parallelism = dict(sections["parallelism"])
     spec = architecture.spec_of(profile, where)

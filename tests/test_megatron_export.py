@@ -29,9 +29,9 @@ def hf(name: str, **changes) -> dict:
     return {**HF_CONFIGS[name][1], **changes}
 
 
-def profile_of(cfg: dict, **par):
+def profile_of(cfg: dict, kernels: str = "hf", fp8: bool = False, **par):
     spec = spec_from_hf(cfg, "test", "test")
-    return analytic.profile(spec, ParallelConfig(**par), H100)
+    return analytic.profile(spec, ParallelConfig(**par), H100, kernels=kernels, fp8=fp8)
 
 
 def plan_of(prof, algo: str = "none"):
@@ -97,6 +97,8 @@ def parsed(prof, flags):
 CASES = {
     # name: (config.json fields, parallel setup, plan algorithm)
     "llama3-8b": (hf("llama3-8b"), dict(tp=2, pp=4, num_microbatches=8, seq_len=4096), "heu"),
+    "llama3-8b-te-fp8": (hf("llama3-8b"), dict(tp=8, pp=4, sequence_parallel=True, num_microbatches=8,
+                                               seq_len=8192, kernels="te", fp8=True), "none"),
     "llama3-8b-interleaved": (hf("llama3-8b"), dict(tp=1, pp=2, num_microbatches=4, seq_len=2048,
                                                       schedule="interleaved-1f1b", virtual_stages=2), "none"),
     "mixtral-8x7b-ep": (hf("mixtral-8x7b"), dict(tp=2, pp=2, dp=4, ep=4, sequence_parallel=True,
@@ -123,6 +125,7 @@ def test_megatron_builds_the_profiled_model(name):
     assert args.expert_model_parallel_size == prof.parallel.ep
     if prof.parallel.virtual_stages > 1:
         assert args.virtual_pipeline_model_parallel_size == prof.parallel.virtual_stages
+    assert args.transformer_impl == "transformer_engine" and config.fp8 == ("hybrid" if prof.fp8 else None)
 
 
 # (name, stage bounds over the profile's layers: [embedding, decoder layers..., final norm, output layer])

@@ -87,6 +87,17 @@ def model_flags(spec: ModelSpec, par: ParallelConfig, where: str) -> list[str]:
     return flags
 
 
+def kernel_flags(profile: Profile) -> tuple[list[str], list[str]]:
+    """(flags, notes) of the kernels the profile priced: Megatron runs Transformer Engine's; `--kernels te --fp8` is
+    its fp8 recipe (e4m3 forward, e5m2 gradients: `hybrid`). A profile of Hugging Face's eager kernels prices more
+    saved bytes than these flags' run holds: a note says so."""
+    if profile.kernels == "te":
+        return ["--transformer-impl transformer_engine"] + (["--fp8-format hybrid"] if profile.fp8 else []), []
+    return [], ["the profile prices Hugging Face's eager kernels (fp32 norm copies, unfused SwiGLU and rotary); "
+                "Megatron-core with Transformer Engine saves less per layer: profile with --kernels te to price the "
+                "run these flags start"]
+
+
 def moe_flags(spec: ModelSpec, where: str) -> list[str]:
     m = spec.moe
     assert m is not None
