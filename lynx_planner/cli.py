@@ -155,7 +155,8 @@ def profile_cmd(
         "1F1B runs them.")] = True,
     kernels: Annotated[Optional[Kernels], typer.Option(
         show_default="hf", help="How a catalog or config.json decoder layer runs (what it saves): hf (Hugging Face "
-        "eager modules) or te (Megatron-core with Transformer Engine: fused norm+linear, rotary, SwiGLU).")] = None,
+        "eager modules), te (Megatron-core with Transformer Engine: fused norm+linear, rotary, SwiGLU) or "
+        "torchtitan (its eager Llama 3 block).")] = None,
     fp8: Annotated[bool, typer.Option(
         "--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers (their saved inputs in fp8).")]
     = False,

@@ -266,9 +266,9 @@ def torchtitan_args(plan: Plan, profile: Profile, where: str = "profile") -> tup
 
     sections = torchtitan(plan, profile)
     module_config, notes = _torchtitan_config(plan, profile, where)
-    if profile.kernels != "hf":
-        notes.append(f"the profile prices {profile.kernels} kernels{' in fp8' if profile.fp8 else ''}; torchtitan runs "
-                     "its own modules: profile with the default --kernels hf for its eager blocks' saved tensors")
+    if profile.model.architecture is not None and profile.kernels != "torchtitan":
+        notes.append(f"the profile prices {profile.kernels} kernels{' in fp8' if profile.fp8 else ''}, not "
+                     "torchtitan's modules: profile with --kernels torchtitan (Llama) for its block's saved tensors")
     args = [["--module", module_config[0]], ["--config", module_config[1]]]
     parallelism = dict(sections["parallelism"])
     spec = architecture.spec_of(profile, where)

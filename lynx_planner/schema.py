@@ -32,7 +32,7 @@ Schedule = Literal["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 Autocast = Literal["bf16", "fp16"]
 # How a decoder layer runs (lynx_planner/kernels): which ops it fuses and which tensors it saves.
-Kernels = Literal["hf", "te"]
+Kernels = Literal["hf", "te", "torchtitan"]
 
 
 class _Model(BaseModel):
@@ -258,7 +258,8 @@ class Profile(_Model):
     # How the decoder layers run (lynx_planner/kernels). Left out of the JSON at their defaults (Hugging Face eager
     # kernels, no fp8): profiles before them keep their bytes and meaning.
     kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf",
-                             description="hf: Hugging Face eager modules; te: Megatron-core with Transformer Engine")
+                             description="hf: Hugging Face eager modules; te: Megatron-core with Transformer "
+                             "Engine; torchtitan: torchtitan's Llama 3 block, eager")
     fp8: bool = Field(False, exclude_if=lambda v: v is False,
                       description="Transformer Engine's fp8 linear layers (their saved inputs in fp8)")
 

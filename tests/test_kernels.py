@@ -92,6 +92,8 @@ def test_kernels_are_recorded_only_when_not_hf(tmp_path):
     (["gpt-1.3b", "--kernels", "te"], "gpt family"),
     (["mixtral-8x7b", "--kernels", "te"], "mixture-of-experts"),
     (["llama3-8b", "--fp8"], "--fp8"),
+    (["qwen3-32b", "--kernels", "torchtitan"], "Llama 3 block"),
+    (["llama3-8b", "--kernels", "torchtitan", "--fp8"], "--fp8"),
     (["examples/gpt_model.py", "--kernels", "te"], "model file"),
 ])
 def test_what_the_kernels_do_not_price_is_refused(tmp_path, args, message):
@@ -113,3 +115,28 @@ def test_llama3_405b_as_meta_trained_it_fits_without_recomputation_with_te():
         peaks[kernels] = solvers.solve(prof, "none", 1 << 50).evaluation.peak_bytes
     assert peaks["te"] < 0.76 * peaks["hf"]
     assert peaks["te"] <= limit < peaks["hf"]
+
+
+def test_torchtitan_kernels_are_lynxs_measured_profile_of_torchtitans_block(tmp_path):
+    """`--kernels torchtitan` of torchtitan's Llama 3 debug model's shape (dim 256, 16 heads, FFN 768, vocabulary
+    2048, 6 layers) against lynx's profile of torchtitan's own module in bf16 (examples/torchtitan_llama3.py): the same
+    op ids, outputs, saved tensors and statistics, so the same bytes per layer; Hugging Face's kernels differ."""
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'lynx-planner[torchtitan]')")
+    from lynx_planner.io import load_model
+    from lynx_planner.models.spec import ModelSpec
+    from lynx_planner.schema import Profile
+
+    r = lynx("profile", "examples/torchtitan_llama3.py", "--dtype", "bf16", "-o", tmp_path / "tt.json")
+    assert r.exit_code == 0, r.output
+    measured = load_model(tmp_path / "tt.json", Profile)
+    spec = ModelSpec(name="debug", family="llama", num_layers=6, hidden=256, heads=16, ffn_hidden=768, vocab=2048)
+    par = ParallelConfig(seq_len=64, micro_batch_size=2)
+    built = analytic.profile(spec, par, measured.hardware, kernels="torchtitan")
+    got, want = built.blocks[built.layers[1].block], measured.blocks[measured.layers[1].block]
+
+    def graph(block):
+        return [(o.id, o.out_bytes, o.aux_bytes, sorted(o.saves), o.inplace) for o in block.ops]
+
+    assert graph(got) == graph(want)
+    assert layer_bytes(built) == layer_bytes(measured)
+    assert layer_bytes(analytic.profile(spec, par, measured.hardware)) != layer_bytes(measured)

@@ -93,9 +93,10 @@ def kernel_flags(profile: Profile) -> tuple[list[str], list[str]]:
     saved bytes than these flags' run holds: a note says so."""
     if profile.kernels == "te":
         return ["--transformer-impl transformer_engine"] + (["--fp8-format hybrid"] if profile.fp8 else []), []
-    return [], ["the profile prices Hugging Face's eager kernels (fp32 norm copies, unfused SwiGLU and rotary); "
-                "Megatron-core with Transformer Engine saves less per layer: profile with --kernels te to price the "
-                "run these flags start"]
+    which = {"hf": "Hugging Face's eager kernels", "torchtitan": "torchtitan's eager Llama block"}[profile.kernels]
+    return [], [f"the profile prices {which} (fp32 norm copies, unfused SwiGLU and rotary); Megatron-core with "
+                "Transformer Engine saves less per layer: profile with --kernels te to price the run these flags "
+                "start"]
 
 
 def moe_flags(spec: ModelSpec, where: str) -> list[str]:

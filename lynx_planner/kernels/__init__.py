@@ -5,13 +5,15 @@ precision. The analytic decoder (analytic/decoder.py) builds each layer with the
        lynx's profiler records the HF model, so its plans apply to it (and to torchtitan's Llama).
   te   Megatron-core with Transformer Engine (te.py): RMSNorm fused into the next linear (LayerNormLinear), fused
        rotary, fused SwiGLU, fused attention; with fp8, the linear layers' saved inputs in fp8.
+  torchtitan  torchtitan 0.3's Llama 3 block, eager (torchtitan.py): its fp32 norm and rotary, fused wqkv; op ids
+       as lynx's profiler records torchtitan's module, so its plans apply to it.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-KERNELS: tuple[str, ...] = ("hf", "te")
+KERNELS: tuple[str, ...] = ("hf", "te", "torchtitan")
 
 
 def kernel_set(name: str) -> ModuleType:
@@ -25,4 +27,8 @@ def kernel_set(name: str) -> ModuleType:
         from . import te
 
         return te
+    if name == "torchtitan":
+        from . import torchtitan
+
+        return torchtitan
     raise ValueError(f"--kernels {name}: expected one of {', '.join(KERNELS)}")
