@@ -329,10 +329,15 @@ def tune_cmd(
     virtual_stages: Annotated[Optional[int], typer.Option(
         min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
         help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
+    kernels: Annotated[Optional[Kernels], typer.Option(
+        show_default="hf", help="How the layers run, as in `lynx profile --kernels`: hf, te (Megatron-core with "
+        "Transformer Engine, what the Megatron layouts tune ranks launch) or torchtitan.")] = None,
+    fp8: Annotated[bool, typer.Option("--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers.")]
+    = False,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
-             as_json, out_dir, plot, schedule, virtual_stages)
+             as_json, out_dir, plot, schedule, virtual_stages, kernels, fp8)
 
 
 @command("export")

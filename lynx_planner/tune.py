@@ -87,9 +87,10 @@ class Profiles:
     SP) and moved to each PP and DP."""
 
     def __init__(self, model: str, hw: Hardware, seq_len: int, distributed_optimizer: bool, dropout: float = 0.0,
-                 call: Callable = lambda fn, *a, **k: fn(*a, **k)):
+                 call: Callable = lambda fn, *a, **k: fn(*a, **k), kernels: str = "hf", fp8: bool = False):
         self.model, self.hw, self.seq_len, self.distopt, self.dropout = model, hw, seq_len, distributed_optimizer, \
             dropout
+        self.kernels, self.fp8 = kernels, fp8  # how the layers run (lynx_planner/kernels)
         self.call = call  # wraps user code (a model file's failures are bad input)
         self.traced: dict[tuple, Profile | None] = {}
 
@@ -98,7 +99,7 @@ class Profiles:
         par = layout.parallel(self.seq_len, self.distopt)
         if not is_model_file(self.model):
             try:
-                return build_profile(self.model, par, self.hw, dropout=self.dropout)
+                return build_profile(self.model, par, self.hw, dropout=self.dropout, kernels=self.kernels, fp8=self.fp8)
             except InputError as e:
                 if "does not divide" in str(e):
                     return None

@@ -140,3 +140,14 @@ def test_torchtitan_kernels_are_lynxs_measured_profile_of_torchtitans_block(tmp_
     assert graph(got) == graph(want)
     assert layer_bytes(built) == layer_bytes(measured)
     assert layer_bytes(analytic.profile(spec, par, measured.hardware)) != layer_bytes(measured)
+
+
+def test_tune_profiles_every_layout_with_the_kernels_given(tmp_path):
+    r = lynx("tune", "llama3-8b", "--gpus", 8, "--hardware", "h100-80g-nvlink", "--global-batch", 16, "--seq-len",
+             4096, "--kernels", "te", "--top", 2, "--out", tmp_path / "best")
+    assert r.exit_code == 0, r.output
+    prof = json.loads((tmp_path / "best" / "profile.json").read_text())
+    assert prof["kernels"] == "te" and "self_attention.linear_qkv:gemm#0" in json.dumps(prof["blocks"])
+    assert lynx("check", tmp_path / "best" / "plan.json").exit_code == 0
+    r = lynx("tune", "examples/gpt_model.py", "--gpus", 2, "--global-batch", 4, "--kernels", "te")
+    assert r.exit_code == 2 and "model file" in r.output, r.output
