@@ -151,3 +151,34 @@ def test_tune_profiles_every_layout_with_the_kernels_given(tmp_path):
     assert lynx("check", tmp_path / "best" / "plan.json").exit_code == 0
     r = lynx("tune", "examples/gpt_model.py", "--gpus", 2, "--global-batch", 4, "--kernels", "te")
     assert r.exit_code == 2 and "model file" in r.output, r.output
+
+
+def test_a_torchtitan_kernels_plan_applies_to_torchtitans_model(tmp_path):
+    """A HEU plan from `--kernels torchtitan` names torchtitan's own ops: it applies to torchtitan's Llama 3 (bf16) as
+    it is, recomputing some of them, with the unplanned model's gradients."""
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install 'lynx-planner[torchtitan]')")
+    import copy
+
+    import torch
+
+    import lynx_planner
+    from conftest import between
+    from lynx_planner.integrations.torchtitan import debug_llama3
+    from lynx_planner.io import dumps
+    from lynx_planner.models.spec import ModelSpec
+
+    spec = ModelSpec(name="debug", family="llama", num_layers=6, hidden=256, heads=16, ffn_hidden=768, vocab=2048)
+    prof = analytic.profile(spec, ParallelConfig(seq_len=64, micro_batch_size=2), H100, kernels="torchtitan")
+    plan = solvers.plan(prof, "p.json", "0" * 64, "heu", between(prof, 0.5))
+    assert any(p.recompute for st in plan.stages for p in st.policies)
+    (tmp_path / "plan.json").write_text(dumps(plan))
+    torch.manual_seed(0)
+    base = debug_llama3(layers=6, dtype=torch.bfloat16)
+    planned = lynx_planner.apply_plan(copy.deepcopy(base), str(tmp_path / "plan.json"), stage=0)
+    tokens = torch.randint(0, 2048, (2, 64))
+    grads = []
+    for model in (base, planned):
+        model(tokens).float().square().mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
