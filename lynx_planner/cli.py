@@ -154,7 +154,7 @@ def profile_cmd(
         "beside the compute (the default: torch's schedules, Megatron's interleaved one), or blocking as Megatron's "
         "1F1B runs them.")] = True,
     kernels: Annotated[Optional[Kernels], typer.Option(
-        show_default="hf", help="How a catalog or config.json decoder layer runs (what it saves): hf (Hugging Face "
+        metavar="KERNELS", show_default="hf", help="How a catalog or config.json decoder layer runs (what it saves): hf (Hugging Face "
         "eager modules), te (Megatron-core with Transformer Engine: fused norm+linear, rotary, SwiGLU) or "
         "torchtitan (its eager Llama 3 block).")] = None,
     fp8: Annotated[bool, typer.Option(
@@ -330,7 +330,7 @@ def tune_cmd(
         min=1, show_default="searched: 2, 3, 4, 6, 8 where the layers split evenly",
         help="Chunks per rank for interleaved-1f1b and zero-bubble.")] = None,
     kernels: Annotated[Optional[Kernels], typer.Option(
-        show_default="hf", help="How the layers run, as in `lynx profile --kernels`: hf, te (Megatron-core with "
+        metavar="KERNELS", show_default="hf", help="How the layers run, as in `lynx profile --kernels`: hf, te (Megatron-core with "
         "Transformer Engine, what the Megatron layouts tune ranks launch) or torchtitan.")] = None,
     fp8: Annotated[bool, typer.Option("--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers.")]
     = False,
