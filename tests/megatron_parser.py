@@ -31,10 +31,7 @@ def load():
             import megatron.core.models.common.embeddings.rope_utils as rope_utils
         except ImportError:
             return None
-    import torch
-
-    arguments.get_device_arch_version = lambda: 9
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    arguments.get_device_arch_version = lambda: 9  # megatron's own helper, as its module sees it
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
     return arguments, core_transformer_config_from_args
@@ -47,8 +44,15 @@ def parse(flags: list[str], world_size: int):
     args = parser.parse_args(argv)
     args._is_global_batch_size_explicitly_specified = args.global_batch_size is not None
     args.rank, args.world_size = 0, world_size
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        arguments.validate_args(args, {})
-        config = build_config(args)  # builds TransformerConfig: its __post_init__ validates the pipeline layout
+    import torch
+
+    capability = torch.cuda.get_device_capability
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # only while Megatron asks: restored below
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            arguments.validate_args(args, {})
+            config = build_config(args)  # builds TransformerConfig: its __post_init__ validates the pipeline layout
+    finally:
+        torch.cuda.get_device_capability = capability
     return args, config
