@@ -49,11 +49,15 @@ def model_spec(model: str):
 def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: str | None = None,
                   dropout: float = 0.0, method: str = "analytic", device: str = "cpu", dtype: str | None = None,
                   autocast: str | None = None, overrides: dict | None = None, threads: int | None = None,
-                  repeats: int = 5, progress: bool = False, warn: Callable[[str], None] | None = None) -> Profile:
+                  repeats: int = 5, progress: bool = False, warn: Callable[[str], None] | None = None,
+                  kernels: str = "hf", fp8: bool = False) -> Profile:
     """The profile of a catalog model (analytic, bf16) or a model file (real forwards in the training precision; see
     profiler.profile_model_file for `overrides`, `dtype`, `autocast`). Raises InputError for bad input; a model
     file's own exceptions propagate (the CLI reports them)."""
     if is_model_file(model):
+        if kernels != "hf" or fp8:
+            raise InputError(f"{'--kernels' if kernels != 'hf' else '--fp8'}: a model file is profiled as it runs; "
+                             "kernels are chosen for catalog models and config.json files")
         if not Path(model).is_file():
             raise InputError(f"{model}: no such model file")
         if par.cp > 1:
@@ -83,7 +87,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     # A catalog model is priced as a whole Megatron iteration: optimizer step included, Megatron's rank order.
     par = par.model_copy(update={"optimizer_step": True, "rank_order": "tp-dp-pp"})
     try:
-        return profile(spec, par, hw, attention or "flash", dropout)
+        return profile(spec, par, hw, attention or "flash", dropout, kernels, fp8)
     except ValidationError as e:
         raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
             from None

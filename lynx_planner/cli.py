@@ -22,6 +22,7 @@ from .commands.choices import (
     Device,
     Dtype,
     Framework,
+    Kernels,
     Method,
     Partition,
     Schedule,
@@ -163,12 +164,19 @@ def profile_cmd(
     reshard_after_forward: ReshardAfterForward = True,
     hsdp_shard_size: HsdpShardSize = None,
     cp: ContextParallel = 1,
+    kernels: Annotated[Optional[Kernels], typer.Option(
+        metavar="KERNELS", show_default="hf", help="How a catalog or config.json decoder layer runs (what it saves): hf (Hugging Face "
+        "eager modules), te (Megatron-core with Transformer Engine: fused norm+linear, rotary, SwiGLU) or "
+        "torchtitan (its eager Llama 3 block).")] = None,
+    fp8: Annotated[bool, typer.Option(
+        "--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers (their saved inputs in fp8).")]
+    = False,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
                 distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm,
-                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp)
+                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8)
 
 
 @command("plan")
@@ -339,11 +347,16 @@ def tune_cmd(
     cp: Annotated[Optional[int], typer.Option(
         "--cp", min=1, show_default="searched where the sequence is long: powers of two leaving >= 16384 tokens "
         "per rank", help=helptext.CP)] = None,
+    kernels: Annotated[Optional[Kernels], typer.Option(
+        metavar="KERNELS", show_default="hf", help="How the layers run, as in `lynx profile --kernels`: hf, te (Megatron-core with "
+        "Transformer Engine, what the Megatron layouts tune ranks launch) or torchtitan.")] = None,
+    fp8: Annotated[bool, typer.Option("--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers.")]
+    = False,
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
              as_json, out_dir, plot, schedule, virtual_stages, fsdp=fsdp, reshard_after_forward=reshard_after_forward,
-             hsdp_shard_size=hsdp_shard_size, cp=cp)
+             hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8)
 
 
 @command("export")

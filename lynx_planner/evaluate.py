@@ -149,7 +149,8 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
                                       schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep,
                                       fsdp=par.fsdp, reshard_after_forward=par.reshard_after_forward,
                                       hsdp_shard_size=par.hsdp_shard_size, cp=par.cp),
-                stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast)
+                stages=stages, predicted=ev.predicted, solver=solver, dtype=profile.dtype, autocast=profile.autocast,
+                kernels=profile.kernels, fp8=profile.fp8)
 
 
 # `check`'s tolerances. A plan's predicted times must equal a fresh simulation within 1e-6 relative (or 1 ns: the

@@ -12,6 +12,8 @@ one its parser accepts (tests/data/megatron_flags.txt, read from megatron/traini
 dataclasses it exposes, e.g. TransformerConfig's --recompute-*, by scripts/megatron_flags.py) and torchtitan
 v0.2.2 (torchtitan/config/job_config.py: [parallelism], [training], [activation_checkpoint]) and torchtitan 0.3.0
 (torchtitan/config/manager.py ConfigManager; tests/test_export.py parses the export with it when it is installed).
+The Hugging Face families' Megatron exports build the profiled model (exports/megatron_model.py) and pass megatron-core
+0.19.2's own parser, validate_args and TransformerConfig build with its layout check (tests/test_megatron_export.py).
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from dataclasses import dataclass, field
 
 from . import evaluate as ev
 from . import parallel, schedules
+from .exports import architecture, megatron_model, torchtitan_model
+from .exports.layout import layout_flag, layout_notes, roles, split_flags, virtual_flags  # noqa: F401 (export.*)
+from .io import InputError
 from .schema import Plan, Profile
 
 MEGATRON_VERSION = "Megatron-LM core_v0.20.0"  # tests/data/megatron_flags.txt; it needs Python >= 3.12
 TORCHTITAN_VERSION = "torchtitan 0.3.0"
 TORCHTITAN_02_VERSION = "torchtitan v0.2.2"
-# torchtitan's config_registry functions of lynx's catalog models (`--module llama3 --config NAME`)
+# torchtitan's config_registry functions of lynx's catalog Llamas (`--module llama3 --config NAME`); the export finds
+# any model's by its shape (exports/torchtitan_model.py FLAVORS)
 TORCHTITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
                       "llama3-405b": ("llama3", "llama3_405b")}
 
@@ -53,64 +59,6 @@ def _repeated(profile: Profile) -> str:
     from .solvers.partition import repeated_block
 
     return repeated_block(profile)
-
-
-def split_flags(profile: Profile, bounds: list[int]) -> list[str]:
-    """Megatron's flags for the plan's stage split (none for its own even split): the first and last stages' layer
-    counts when the stages between are equal, else the layout string (which also places a stage holding no
-    transformer layer)."""
-    from .solvers.partition import even_bounds
-
-    p = len(bounds) - 1
-    if bounds == even_bounds(profile, p) or p == 1:
-        return []
-    rep = _repeated(profile)
-    counts = [sum(profile.layers[i].block == rep for i in range(bounds[s], bounds[s + 1])) for s in range(p)]
-    middle = counts[1:-1]
-    if p > 2 and len(set(middle)) == 1 and min(counts) > 0:
-        flags = []
-        if counts[0] != middle[0]:
-            flags.append(f"--decoder-first-pipeline-num-layers {counts[0]}")
-        if counts[-1] != middle[0]:
-            flags.append(f"--decoder-last-pipeline-num-layers {counts[-1]}")
-        return flags
-    if p == 2 and min(counts) > 0:
-        return [f"--decoder-first-pipeline-num-layers {counts[0]}"]
-    return layout_flag(profile, bounds)
-
-
-def virtual_flags(profile: Profile, bounds: list[int]) -> list[str]:
-    """Megatron's flags for a split into virtual stages (interleaved): the layers per virtual stage where the split is
-    its own even one (the embedding and loss outside the count), else the layout string of all p x v stages (from
-    which Megatron derives the virtual pipeline size; it accepts only one of the two)."""
-    from .solvers.partition import even_bounds
-
-    rep = _repeated(profile)
-    counts = {sum(profile.layers[i].block == rep for i in range(bounds[c], bounds[c + 1]))
-              for c in range(len(bounds) - 1)}
-    if bounds == even_bounds(profile, len(bounds) - 1) and len(counts) == 1 and min(counts) > 0:
-        return [f"--num-layers-per-virtual-pipeline-stage {counts.pop()}"]
-    return layout_flag(profile, bounds)
-
-
-def layout_flag(profile: Profile, bounds: list[int]) -> list[str]:
-    """`--pipeline-model-parallel-layout`: each (virtual) stage's layers, E embedding, t transformer layer, L loss."""
-    rep = _repeated(profile)
-    p = len(bounds) - 1
-    stages = []
-    for s in range(p):
-        parts = []
-        for i in range(bounds[s], bounds[s + 1]):
-            block = profile.layers[i].block
-            parts.append("t" if block == rep else "E" if i < len(profile.layers) // 2 else "L")
-        runs = []
-        for tok in parts:
-            if runs and runs[-1][0] == tok:
-                runs[-1][1] += 1
-            else:
-                runs.append([tok, 1])
-        stages.append(",".join(tok if n == 1 else f"{tok}*{n}" for tok, n in runs))
-    return [f'--pipeline-model-parallel-layout "{"|".join(stages)}"']
 
 
 def _megatron_choices(profile: Profile, bounds: list[int], limit: int) -> list[MegatronChoice]:
@@ -157,19 +105,29 @@ def _not_expressible(plan: Plan, profile: Profile) -> list[str]:
     return notes
 
 
-def megatron(plan: Plan, profile: Profile) -> MegatronExport:
+def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronExport:
+    """Megatron-LM's flags for the plan; an InputError naming `where` (the profile) for a model or layout Megatron
+    cannot build (exports/megatron_model.py)."""
     par = profile.parallel
+    spec = megatron_model.spec_of(profile, where)
     bounds = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
     flags = [f"--tensor-model-parallel-size {par.tp}", f"--pipeline-model-parallel-size {par.pp}"]
     if par.sequence_parallel:
         flags.append("--sequence-parallel")
     if par.ep > 1:
         flags.append(f"--expert-model-parallel-size {par.ep}")
+    # (further parallel dimensions' flags go here, one function per dimension)
     flags += [f"--micro-batch-size {par.micro_batch_size}",
               f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}",
               f"--seq-length {par.seq_len}"]
     cfg = profile.model.config
-    if {"num_layers", "hidden", "heads"} <= set(cfg):
+    kernel_notes: list[str] = []
+    if spec is not None and spec.family != "gpt":
+        flags += megatron_model.model_flags(spec, par, where)
+        flags.append(f"--max-position-embeddings {par.seq_len}")
+        kernel, kernel_notes = megatron_model.kernel_flags(profile)
+        flags += kernel
+    elif {"num_layers", "hidden", "heads"} <= set(cfg):  # the Megatron GPT: Megatron's default model
         flags += [f"--num-layers {cfg['num_layers']}", f"--hidden-size {cfg['hidden']}",
                   f"--num-attention-heads {cfg['heads']}"]
         if "ffn_hidden" in cfg:
@@ -196,7 +154,8 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
-    notes = _not_expressible(plan, profile) + parallel.megatron_flags(par)[1]
+    notes = (_not_expressible(plan, profile) + layout_notes(profile, bounds) + kernel_notes
+             + parallel.megatron_flags(par)[1])
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
                      "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
@@ -274,21 +233,47 @@ model = lynx_planner.apply_plan(model, "plan.json", stage=stage, names="torchtit
 '''
 
 
-def torchtitan_args(plan: Plan, profile: Profile) -> tuple[list[list[str]], list[str]]:
+def _torchtitan_config(plan: Plan, profile: Profile, where: str) -> tuple[tuple[str, str], list[str]]:
+    """torchtitan's (module, config) that builds the profiled model (exports/torchtitan_model.py), or an InputError:
+    torchtitan has no Megatron GPT, and a measured profile's model is unknown: the Llama 3 debug model is named for it
+    only where its depth is the plan's (torchtitan's pipeline split would otherwise drop layers)."""
+    spec = architecture.spec_of(profile, where)
+    if spec is not None:
+        architecture.unknown_fields(profile, megatron_model.HANDLED, megatron_model.MOE_HANDLED, "torchtitan", where)
+        module, config, notes = torchtitan_model.config_of(spec, where)
+        return (module, config), notes
+    if profile.model.source == "catalog":  # the catalog GPTs: every other catalog model records its architecture
+        raise InputError(f"{where}: field model: {profile.model.name} is a Megatron GPT (LayerNorm, GeLU, learned "
+                         "positions), which torchtitan 0.3 does not build; not exporting a different model (export "
+                         "it --to megatron)")
+    decoders = sum(r == "t" for r in roles(profile))
+    if decoders != torchtitan_model.DEBUG_LAYERS:
+        raise InputError(f"{where}: field layers: lynx does not know which torchtitan config builds this "
+                         f"model-file model of {decoders} decoder layers; torchtitan's Llama 3 debug model has "
+                         f"{torchtitan_model.DEBUG_LAYERS}, and its pipeline split would drop the layers the plan "
+                         "does not list: export a plan of a profile of torchtitan's model as its config builds it")
+    return torchtitan_model.DEBUG, [f"the profile is of a model file: --module/--config name torchtitan's "
+                                    f"Llama 3 debug model ({decoders} layers, as the profile's); give your model's"]
+
+
+def torchtitan_args(plan: Plan, profile: Profile, where: str = "profile") -> tuple[list[list[str]], list[str]]:
     """(arguments, one option per line, and notes) for torchtitan 0.3's ConfigManager: `--module M --config C` and `--section.key value`
     overrides of the 0.2.2 settings above; AC off (`activation-checkpoint:none`): the plan is applied by
     `lynx_planner.integrations.torchtitan.LynxAC` (TORCHTITAN_HOOK)."""
     from .layouts import CONVENTIONS, plan_convention, rename
 
     sections = torchtitan(plan, profile)
-    notes = []
-    module_config = TORCHTITAN_CONFIGS.get(profile.model.name)
-    if module_config is None:
-        module_config = ("llama3", "llama3_debugmodel")
-        notes.append(f"torchtitan has no config of {profile.model.name}: --module/--config name torchtitan's Llama 3 "
-                     "debug model; give your model's")
+    module_config, notes = _torchtitan_config(plan, profile, where)
+    if profile.model.architecture is not None and profile.kernels != "torchtitan":
+        notes.append(f"the profile prices {profile.kernels} kernels{' in fp8' if profile.fp8 else ''}, not "
+                     "torchtitan's modules: profile with --kernels torchtitan (Llama) for its block's saved tensors")
     args = [["--module", module_config[0]], ["--config", module_config[1]]]
     parallelism = dict(sections["parallelism"])
+    spec = architecture.spec_of(profile, where)
+    ep, ep_notes = torchtitan_model.expert_parallel(spec, profile.parallel.tp, profile.parallel.ep,
+                                                    parallelism.get("data_parallel_shard_degree", 1), where)
+    parallelism |= ep
+    notes += ep_notes
     if "module_fqns_per_model_part" in parallelism:
         source = plan_convention(plan)
         if source is not None:  # 0.3.0 names the last model part lm_head (0.2.2: output)

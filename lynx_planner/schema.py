@@ -6,7 +6,7 @@ Times are seconds, sizes bytes, bandwidths bytes per second.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -31,6 +31,8 @@ Schedule = Literal["1f1b", "gpipe", "interleaved-1f1b", "zero-bubble"]
 # Training precision: the weights' dtype, and the dtype of autocast over fp32 weights.
 Dtype = Literal["fp32", "bf16", "fp16"]
 Autocast = Literal["bf16", "fp16"]
+# How a decoder layer runs (lynx_planner/kernels): which ops it fuses and which tensors it saves.
+Kernels = Literal["hf", "te", "torchtitan"]
 
 
 class _Model(BaseModel):
@@ -261,6 +263,10 @@ class ModelInfo(_Model):
     source: str = Field(description="'catalog' or the path of the model file")
     params: int = Field(ge=0, description="total parameters of the model")
     config: dict[str, int | float | str | bool] = Field(default_factory=dict)
+    # The analytic model description (models/spec.py ModelSpec, its non-default fields), from which exports build the
+    # same model in another stack. Left out of the JSON at None: profiles before it, and measured ones, keep their bytes.
+    architecture: dict[str, Any] | None = Field(None, exclude_if=lambda v: v is None,
+                                                description="the ModelSpec the profile was built from")
 
 
 class Profile(_Model):
@@ -279,6 +285,13 @@ class Profile(_Model):
     dtype: Dtype | None = Field(None, description="training precision of the weights the profile was made in "
                                 "(model files; None: not recorded)")
     autocast: Autocast | None = Field(None, description="autocast dtype of the forward (fp32 weights), or None")
+    # How the decoder layers run (lynx_planner/kernels). Left out of the JSON at their defaults (Hugging Face eager
+    # kernels, no fp8): profiles before them keep their bytes and meaning.
+    kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf",
+                             description="hf: Hugging Face eager modules; te: Megatron-core with Transformer "
+                             "Engine; torchtitan: torchtitan's Llama 3 block, eager")
+    fp8: bool = Field(False, exclude_if=lambda v: v is False,
+                      description="Transformer Engine's fp8 linear layers (their saved inputs in fp8)")
 
     @model_validator(mode="after")
     def _check_layers(self) -> Profile:
@@ -381,3 +394,5 @@ class Plan(_Model):
     solver: SolverInfo
     dtype: Dtype | None = Field(None, description="the profile's weight precision; apply_plan refuses others")
     autocast: Autocast | None = Field(None, description="the profile's autocast dtype; apply_plan refuses others")
+    kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf", description="the profile's kernels")
+    fp8: bool = Field(False, exclude_if=lambda v: v is False, description="the profile's fp8 linear layers")

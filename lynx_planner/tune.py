@@ -130,10 +130,12 @@ class Profiles:
     SP) and moved to each PP and DP."""
 
     def __init__(self, model: str, hw: Hardware, seq_len: int, distributed_optimizer: bool, dropout: float = 0.0,
-                 call: Callable = lambda fn, *a, **k: fn(*a, **k), search: ParallelSearch = ParallelSearch()):
+                 call: Callable = lambda fn, *a, **k: fn(*a, **k), search: ParallelSearch = ParallelSearch(),
+                 kernels: str = "hf", fp8: bool = False):
         self.model, self.hw, self.seq_len, self.distopt, self.dropout = model, hw, seq_len, distributed_optimizer, \
             dropout
         self.search = search  # FSDP / HSDP / CP: which layouts tune enumerates
+        self.kernels, self.fp8 = kernels, fp8  # how the layers run (lynx_planner/kernels)
         self.call = call  # wraps user code (a model file's failures are bad input)
         self.traced: dict[tuple, Profile | None] = {}
 
@@ -142,7 +144,7 @@ class Profiles:
         par = layout.parallel(self.seq_len, self.distopt, self.search.reshard_after_forward)
         if not is_model_file(self.model):
             try:
-                return build_profile(self.model, par, self.hw, dropout=self.dropout)
+                return build_profile(self.model, par, self.hw, dropout=self.dropout, kernels=self.kernels, fp8=self.fp8)
             except InputError as e:
                 if "does not divide" in str(e):
                     return None

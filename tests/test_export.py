@@ -116,11 +116,8 @@ def test_cli_export(plan_file):
     assert r.exit_code == 0, r.output
     assert "--tensor-model-parallel-size 2" in r.stdout and "core_v0.20.0" in r.stdout
     assert "nearest Megatron recomputation" in r.stdout
-    r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan"])
-    assert r.exit_code == 0, r.output
-    assert "--parallelism.pipeline_parallel_degree 2" in r.stdout and "activation-checkpoint:none" in r.stdout
-    assert "--training.disable_cuda_graphs" in r.stdout and "with_lynx_plan(" in r.stdout
-    assert "tok_embeddings,layers.0" in r.stdout and ",norm,lm_head" in r.stdout  # 0.3.0: lm_head, not output
+    r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan"])  # torchtitan builds no Megatron GPT
+    assert r.exit_code == 2 and "Megatron GPT" in r.output, r.output  # (test_torchtitan_export.py: a Llama's)
     r = runner.invoke(app, ["export", str(plan_file), "--to", "torchtitan-0.2"])
     assert r.exit_code == 0, r.output
     assert "apply_plan" in r.stdout and "[activation_checkpoint]" in r.stdout

@@ -26,7 +26,7 @@ from lynx_planner.runtime import runtime_of  # noqa: E402
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """A profile of torchtitan's debug Llama 3 (4 layers, pp 2) and a HEU plan between no and full recomputation."""
+    """A profile of torchtitan's debug Llama 3 (its 6 layers, pp 2) and a HEU plan between no and full recomputation."""
     d = tmp_path_factory.mktemp("tt")
     r = lynx("profile", "examples/torchtitan_llama3.py", "--pp", 2, "--num-microbatches", 4, "-o", d / "profile.json")
     assert r.exit_code == 0, r.output
@@ -52,7 +52,7 @@ def test_export_parses_with_torchtitans_config_manager(planned):
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (1, 2)
     parts = par.module_fqns_per_model_part
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
-    assert [n for part in parts for n in part if n.startswith("layers.")] == [f"layers.{i}" for i in range(4)]
+    assert [n for part in parts for n in part if n.startswith("layers.")] == [f"layers.{i}" for i in range(6)]
     assert config.training.disable_cuda_graphs is True
     assert config.activation_checkpoint is None  # lynx's plan replaces torchtitan's AC
     assert config.training.local_batch_size == 2 * 4
@@ -94,7 +94,7 @@ def test_lynx_ac_trains_torchtitans_llama3_with_equal_gradients(planned):
     plan = load_model(planned / "plan.json", Plan)
     assert any(p.mode != "none" for st in plan.stages for p in st.policies), "the plan should recompute something"
     torch.manual_seed(0)
-    base = debug_llama3(layers=4)
+    base = debug_llama3(layers=6)
     tokens = torch.randint(0, 2048, (2, 64))
     model = copy.deepcopy(base)
     # what torchtitan's parallelize_llama does: ac_config.build(dump_folder=...).apply(model)
@@ -110,7 +110,7 @@ def test_lynx_ac_trains_torchtitans_llama3_with_equal_gradients(planned):
 def test_lynx_ac_finds_the_stage_of_a_pipeline_part(planned):
     """torchtitan's pipeline split keeps `layers.N` of the whole model (ModuleDict) and sets the rest to None."""
     plan = load_model(planned / "plan.json", Plan)
-    part = debug_llama3(layers=4)
+    part = debug_llama3(layers=6)
     last = plan.stages[-1]
     for i in range(last.layers[0] - 1):  # the layers of stage 0 (index 0 is tok_embeddings)
         del part.layers[str(i)]
@@ -132,3 +132,16 @@ def test_fsdp_hsdp_and_cp_export_parse_with_torchtitans_config_manager(tmp_path)
     par = config.parallelism
     assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree, par.context_parallel_degree) == \
         (2, 2, 2)
+
+
+def test_export_refuses_a_depth_torchtitans_split_would_cut(planned):
+    """A model-file profile 4 layers deep: torchtitan's debug model has 6, and its pipeline split would drop the two
+    the plan does not list: refused, not exported."""
+    from lynx_planner import export, solvers
+    from lynx_planner.io import InputError
+
+    profile = load_model(planned / "profile.json", Profile)
+    short = profile.model_copy(update={"layers": [l for l in profile.layers if l.name not in ("layers.4", "layers.5")]})
+    plan = solvers.plan(short, "p.json", "0" * 64, "none", short.hardware.memory_bytes)
+    with pytest.raises(InputError, match="drop the layers"):
+        export.torchtitan_args(plan, short)

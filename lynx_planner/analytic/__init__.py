@@ -18,10 +18,14 @@ __all__ = ["profile", "gpt_profile", "layer_params", "bytes_per_param", "gpt_lay
 
 
 def profile(model: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, attention: str = "flash",
-            dropout: float = 0.0) -> Profile:
+            dropout: float = 0.0, kernels: str = "hf", fp8: bool = False) -> Profile:
+    """`kernels`: how a decoder layer runs (lynx_planner/kernels: hf, te), `fp8`: TE's fp8 linear layers."""
     spec = as_spec(model)
     if spec.family == "gpt":
+        if kernels != "hf" or fp8:
+            raise ValueError("--kernels/--fp8: the gpt family is Megatron's own GPT graph (gpt_block.py); kernels "
+                             "are chosen for the Hugging Face decoder families")
         return gpt_profile(spec, par, hw, attention, dropout)
     from .decoder import decoder_profile
 
-    return decoder_profile(spec, par, hw, attention, dropout)
+    return decoder_profile(spec, par, hw, attention, dropout, kernels, fp8)

@@ -13,6 +13,7 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from .. import costs
+from ..kernels import kernel_set
 from ..policy import OUTSIDE
 from ..models.families import class_prefix, family_module
 from ..models.spec import ModelSpec
@@ -180,8 +181,8 @@ def _block_names(spec: ModelSpec, seq_len: int) -> dict[tuple[str, bool], str]:
 
 
 @lru_cache(maxsize=32)
-def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str, cp: int = 1
-            ) -> dict[str, Block]:
+def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_json: str, cp: int = 1,
+            kernels: str = "hf", fp8: bool = False) -> dict[str, Block]:
     """The blocks depend on these only (not on PP, DP or the micro-batch count): `lynx tune` builds them once per
     (TP, micro-batch, SP, EP, CP) and the solvers' per-block caches then hold across its layouts. Under context
     parallelism every block is of one rank's seq / cp tokens (parallel/cp.py)."""
@@ -191,7 +192,8 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
     names = _block_names(spec, seq)  # the whole sequence decides a window's kind
     emb = _embedding(spec, par, hw)
     blocks = {emb.name: emb}
-    blocks |= {name: layer_block(spec, par, hw, name, k, cp) for k, name in names.items()}
+    build = kernel_set(kernels).layer_block  # how the layer runs (lynx_planner/kernels)
+    blocks |= {name: build(spec, par, hw, name, k, fp8, cp) for k, name in names.items()}
     if spec.mtp_layers:
         blocks[f"{cls}MTPLayer"] = _mtp_block(spec, par, hw, f"{cls}MTPLayer")
     blocks[f"{cls}RMSNorm"] = _final_norm(spec, par, hw, f"{cls}RMSNorm")
@@ -200,7 +202,7 @@ def _blocks(spec: ModelSpec, tp: int, mb: int, seq: int, sp: bool, ep: int, hw_j
 
 
 def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attention: str = "flash",
-                    dropout: float = 0.0) -> Profile:
+                    dropout: float = 0.0, kernels: str = "hf", fp8: bool = False) -> Profile:
     if attention != "flash":
         raise ValueError(f"--attention {attention}: the {spec.family} op graph has fused (sdpa) attention only")
     if dropout:
@@ -212,7 +214,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     cls = class_prefix(spec.family)
     names = _block_names(spec, par.seq_len)
     blocks = dict(_blocks(spec, par.tp, par.micro_batch_size, par.seq_len, par.sequence_parallel, par.ep,
-                          hw.model_dump_json(), par.cp))
+                          hw.model_dump_json(), par.cp, kernels, fp8))
     bpp = bytes_per_param(par)
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
@@ -238,6 +240,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     if spec.moe is not None:
         config |= {"experts": spec.moe.experts, "top_k": spec.moe.top_k, "expert_ffn": spec.moe.expert_ffn,
                    "active_params": spec.active_params(par.seq_len)}
-    info = ModelInfo(name=spec.name, source=spec.source or "catalog", params=spec.params(par.seq_len), config=config)
+    info = ModelInfo(name=spec.name, source=spec.source or "catalog", params=spec.params(par.seq_len), config=config,
+                     architecture=spec.model_dump(mode="json", exclude_defaults=True))
     return Profile(model=info, parallel=par, hardware=hw, method="analytic", attention="flash", dropout=0.0,
-                   blocks=blocks, layers=layers, dtype="bf16")
+                   blocks=blocks, layers=layers, dtype="bf16", kernels=kernels, fp8=fp8)

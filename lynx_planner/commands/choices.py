@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..kernels import KERNELS
 from ..schedules import NAMES as SCHEDULES
 
 
@@ -20,5 +21,6 @@ Schedule = choices("Schedule", SCHEDULES)  # one per module of lynx_planner/sche
 Partition = choices("Partition", ("even", "auto"))
 Dtype = choices("Dtype", ("fp32", "bf16", "fp16"))
 AutocastDtype = choices("AutocastDtype", ("bf16", "fp16"))
+Kernels = choices("Kernels", KERNELS)  # one per module of lynx_planner/kernels
 Framework = choices("Framework", ("megatron", "torchtitan", "torchtitan-0.2"))
 SchemaName = choices("SchemaName", ("profile", "plan", "hardware", "model"))

@@ -29,7 +29,7 @@ def run(plan_path: Path, to: Framework, profile: Path | None) -> None:
         raise InputError(f"{plan_path}: `lynx check` rejects this plan, not exporting it: "
                          + "\n".join(problems[:5]) + ("\n..." if len(problems) > 5 else ""))
     if to is Framework.torchtitan:
-        args, notes = export.torchtitan_args(plan, prof)
+        args, notes = export.torchtitan_args(plan, prof, str(prof_path))
         typer.echo(f"# {plan_path} ({plan.algo}) for {export.TORCHTITAN_VERSION}: arguments of torchtitan's train "
                    "(python -m torchtitan.train ...)")
         typer.echo(" \\\n".join(shlex.join(line) for line in args))
@@ -42,7 +42,7 @@ def run(plan_path: Path, to: Framework, profile: Path | None) -> None:
         typer.echo(export.toml(export.torchtitan(plan, prof)))
         typer.echo(export.TORCHTITAN_APPLY)
         return
-    got = export.megatron(plan, prof)
+    got = export.megatron(plan, prof, str(prof_path))
     typer.echo(f"# {plan_path} ({plan.algo}, {plan.predicted.iteration_time_s:.4f} s) for {export.MEGATRON_VERSION}")
     typer.echo(" \\\n".join(got.flags + (got.recompute.flags if got.recompute else [])))
     typer.echo("")

@@ -22,7 +22,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
         tp_comm_overlap: bool, overlap_p2p_comm: bool, fsdp: bool = False, reshard_after_forward: bool = True,
-        hsdp_shard_size: int | None = None, cp: int = 1) -> None:
+        hsdp_shard_size: int | None = None, cp: int = 1, kernels=None,
+        fp8: bool = False) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -52,7 +53,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
                               method=method.value, device=device.value, overrides=overrides,
                               dtype=dtype.value if dtype else None, autocast=autocast.value if autocast else None,
                               threads=threads, repeats=repeats or 5, progress=True,
-                              warn=lambda message: err.print(f"warning: {message}"))
+                              warn=lambda message: err.print(f"warning: {message}"),
+                              kernels=kernels.value if kernels else "hf", fp8=fp8)
     write_atomic(output, dumps(profile))
     summary(profile, output)
 
@@ -98,7 +100,8 @@ def summary(profile: Profile, path: Path) -> None:
               f"{f' ep {par.ep}' if par.ep > 1 else ''}{f' cp {par.cp}' if par.cp > 1 else ''}{sharding(par)}, "
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
-              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}")
+              f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}"
+              + (f", {profile.kernels} kernels" if profile.kernels != "hf" else "") + (", fp8" if profile.fp8 else ""))
     try:
         from ..parallel import fsdp
         from ..tune import max_static_bytes

@@ -24,7 +24,7 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
         time_limit: float | None, top: int, ep: int | None, distributed_optimizer: bool, as_json: bool,
         out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None,
         fsdp: bool = False, reshard_after_forward: bool = True, hsdp_shard_size: int | None = None,
-        cp: int | None = None) -> None:
+        cp: int | None = None, kernels=None, fp8: bool = False) -> None:
     from .. import schedules as schedule_names
     from .. import tune
     from .profile import resolve_distributed_optimizer
@@ -41,6 +41,11 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
         raise InputError(f"--schedule: unknown schedule {unknown[0] if unknown else schedule!r} (expected 'all' or "
                          f"some of {', '.join(schedule_names.NAMES)})")
 
+    from ..build import is_model_file
+
+    if (kernels is not None or fp8) and is_model_file(model):
+        raise InputError(f"{'--kernels' if kernels is not None else '--fp8'}: a model file is profiled as it runs; "
+                         "kernels are chosen for catalog models and config.json files")
     kinds = [find_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
     if not kinds:
         raise InputError("--hardware: empty list")
@@ -58,12 +63,15 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
     if gpus is None:
         if names != ("1f1b",) or virtual_stages is not None:
             raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
+        if kernels is not None or fp8:
+            raise InputError("--kernels/--fp8: need --gpus (sizing up prices the default kernels)")
         return size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json,
                        search)
     json_rows = []
     for hw in kinds:
         profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer, search=search,
-                                 call=lambda fn, *a, **k: call_model_file(Path(model), "profiling", fn, *a, **k))
+                                 call=lambda fn, *a, **k: call_model_file(Path(model), "profiling", fn, *a, **k),
+                                 kernels=kernels.value if kernels else "hf", fp8=fp8)
         bar, report = progress_bar(f"{hw.name}:")
         with bar:
             result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,

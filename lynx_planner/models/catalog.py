@@ -64,31 +64,36 @@ HF_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen2.5-72b": ("Qwen/Qwen2.5-72B config.json", {
         "model_type": "qwen2", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
         "num_key_value_heads": 8, "intermediate_size": 29568, "vocab_size": 152064, "tie_word_embeddings": False,
-        "hidden_act": "silu"}),
+        "hidden_act": "silu", "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),
     "qwen3-32b": ("Qwen/Qwen3-32B config.json", {
         "model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
         "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
-        "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu"}),
+        "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu", "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6}),
     "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1 config.json", {
         "model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
-        "num_experts_per_tok": 2, "tie_word_embeddings": False, "hidden_act": "silu"}),
+        "num_experts_per_tok": 2, "tie_word_embeddings": False, "hidden_act": "silu", "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5}),
     "mixtral-8x22b": ("mistralai/Mixtral-8x22B-v0.1 config.json", {
         "model_type": "mixtral", "hidden_size": 6144, "num_hidden_layers": 56, "num_attention_heads": 48,
         "num_key_value_heads": 8, "intermediate_size": 16384, "vocab_size": 32768, "num_local_experts": 8,
-        "num_experts_per_tok": 2, "tie_word_embeddings": False, "hidden_act": "silu"}),
+        "num_experts_per_tok": 2, "tie_word_embeddings": False, "hidden_act": "silu", "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5}),
     "qwen3-235b-a22b": ("Qwen/Qwen3-235B-A22B config.json", {
         "model_type": "qwen3_moe", "hidden_size": 4096, "num_hidden_layers": 94, "num_attention_heads": 64,
         "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 12288, "moe_intermediate_size": 1536,
         "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": False, "hidden_act": "silu"}),
+        "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": False, "hidden_act": "silu",
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),
     "deepseek-v3": ("deepseek-ai/DeepSeek-V3 config.json (61 layers; the multi-token-prediction module is not "
                     "counted, as transformers does not build it)", {
         "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
         "num_key_value_heads": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
         "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-        "v_head_dim": 128, "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "vocab_size": 129280,
+        "v_head_dim": 128, "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "vocab_size": 129280,
         "tie_word_embeddings": False, "hidden_act": "silu"}),
     "gpt-oss-120b": ("openai/gpt-oss-120b config.json (the mxfp4 quantization_config of the checkpoint left out: "
                      "trained in bf16)", {

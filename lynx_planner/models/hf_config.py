@@ -23,6 +23,13 @@ _MULTIMODAL_TEXT = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 __all__ = ["MODEL_TYPES", "spec_from_hf", "read_hf_config"]
 
 
+def _number(f: Fields, key: str) -> float | None:
+    v = f.get(key, kind=float, required=False)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+        raise InputError(f"{f.where}: field {key!r} must be a positive number, not {v!r}")
+    return None if v is None else float(v)
+
+
 def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) -> ModelSpec:
     """The ModelSpec of a Hugging Face config dict; `where` names it in errors (a file path or a catalog entry)."""
     if not isinstance(cfg, dict):
@@ -42,6 +49,9 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
     mod = BY_MODEL_TYPE[mt]
     f = Fields(cfg, where)
     kw = mod.read(f, mt)
+    # not sizes, but part of the model an export must build
+    kw |= {k: v for k, v in (("rope_theta", _number(f, "rope_theta")), ("norm_eps", _number(f, "rms_norm_eps")))
+           if v is not None and k not in kw}
     check_all_read(f, mod)
     kw = dict(name=name, source=source or f"{where} (model_type {cfg.get('model_type')})", **kw)
     notes += f.notes

@@ -58,6 +58,22 @@ class MoESpec(_Spec):
                                         "experts are 64 or more and divide by 8, else 1)")
     topk_group: PositiveInt | None = Field(None, description="DeepSeek's router: groups a token's experts come from")
     norm_topk_prob: bool = Field(True, description="top-k routing weights renormalised to sum to 1")
+    scaling: float = Field(1.0, gt=0, description="routing weights' scale (DeepSeek's routed_scaling_factor; priced "
+                           "in the router's graph either way, recorded for exports)")
+
+    @property
+    def groups(self) -> int:
+        """Expert groups of group-limited routing as the sigmoid router runs it (n_group, or its default)."""
+        if self.scoring != "sigmoid":
+            return 1
+        return self.n_group or (8 if self.experts % 8 == 0 and self.experts >= 64 else 1)
+
+    @property
+    def group_topk(self) -> int:
+        """Groups each token may route to (topk_group, or its default)."""
+        if self.scoring != "sigmoid":
+            return 1
+        return self.topk_group or (4 if self.experts % 8 == 0 and self.experts >= 64 else 1)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -110,6 +126,9 @@ class ModelSpec(_Spec):
     nope_layers: tuple[int, ...] = Field((), description="layers without rotary (Llama 4's NoPE layers: full "
                                          "attention, temperature-scaled queries)")
     notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
+    # Not sizes, but part of the model an export must build (None: the config does not say; transformers' default)
+    rope_theta: float | None = Field(None, gt=0, description="rotary base (rotary positions)")
+    norm_eps: float | None = Field(None, gt=0, description="epsilon of the norms")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

@@ -11,8 +11,8 @@ from ._common import decoder
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 CLASS_PREFIX = "DeepseekV3"
 # ep_size: the inference checkpoint's expert split; rope_interleave: the rotation's element order (same bytes);
-# routed_scaling_factor: one multiply already in the router's graph; aux_loss_alpha, seq_aux: loss weights
-IGNORED = frozenset({"ep_size", "rope_interleave", "routed_scaling_factor", "aux_loss_alpha", "seq_aux",
+# aux_loss_alpha, seq_aux: loss weights (routed_scaling_factor: one multiply in the router's graph, read for exports)
+IGNORED = frozenset({"ep_size", "rope_interleave", "aux_loss_alpha", "seq_aux",
                      "scoring_func", "topk_method"})
 
 
@@ -28,7 +28,8 @@ def read(f, model_type: str) -> dict:
                         expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
                         dense_layers=f.get("first_k_dense_replace", 0),
                         norm_topk_prob=f.get("norm_topk_prob", True, bool), scoring="sigmoid",
-                        n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False))
+                        n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False),
+                        scaling=float(f.get("routed_scaling_factor", 1.0, kind=float, required=False)))
     kw["mla"] = MLASpec(q_lora_rank=f.get("q_lora_rank", required=False) or None,
                         kv_lora_rank=f.get("kv_lora_rank"), qk_rope_head_dim=f.get("qk_rope_head_dim"),
                         qk_nope_head_dim=f.get("qk_nope_head_dim"), v_head_dim=f.get("v_head_dim"))

@@ -9,8 +9,8 @@ from ._common import decoder
 
 MODEL_TYPES = ("glm4_moe",)
 CLASS_PREFIX = "Glm4Moe"
-# routed_scaling_factor: one multiply already in the router's graph
-IGNORED = frozenset({"routed_scaling_factor"})
+# routed_scaling_factor: one multiply in the router's graph, read for exports
+IGNORED: frozenset[str] = frozenset()
 
 
 def read(f, model_type: str) -> dict:
@@ -21,7 +21,8 @@ def read(f, model_type: str) -> dict:
                         expert_ffn=expert_ffn, shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
                         dense_layers=f.get("first_k_dense_replace", 0), scoring="sigmoid",
                         norm_topk_prob=f.get("norm_topk_prob", True, bool),
-                        n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False))
+                        n_group=f.get("n_group", required=False), topk_group=f.get("topk_group", required=False),
+                        scaling=float(f.get("routed_scaling_factor", 1.0, kind=float, required=False)))
     return kw | dict(qkv_bias=f.get("attention_bias", False, bool), qk_norm=f.get("use_qk_norm", False, bool),
                      rotary_fraction=f.get("partial_rotary_factor", 0.5, kind=float, required=False),
                      mtp_layers=f.get("num_nextn_predict_layers", 0))
