@@ -18,6 +18,9 @@ MOE = ["--pp", 4, "--dp", 8, "--ep", 8]
 LAYOUT |= {name: MOE for name in ("glm4.5-air.json", "deepseek-v2-lite.json", "gpt-oss-120b.json",
                                   "llama4-scout.json", "qwen3-next-80b.json")}
 LAYOUT |= {name: ["--pp", 16, "--dp", 8, "--ep", 8] for name in ("kimi-k2.json", "deepseek-v3.json")}
+# (config, target) that export today; the others are refused, each naming what the target cannot build (MTP,
+# windows, sinks, post-norm, ... in Megatron's flags; torchtitan 0.3 has configs of a few shapes only)
+EXPORTS = {("kimi-k2.json", "megatron")}
 _NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype",
                "quantization_config")
 
@@ -67,4 +70,9 @@ def test_profile_plan_check_export(name, tmp_path):
     assert r.exit_code == 0, r.output
     for to in ("megatron", "torchtitan"):
         r = lynx("export", plan, "--to", to)
-        assert r.exit_code == 0, r.output
+        if (name, to) in EXPORTS:
+            assert r.exit_code == 0, r.output
+        else:  # a feature the target's flags do not build: refused by name, never a different model
+            assert r.exit_code == 2 and ("not exporting a different model" in r.output or "has no config" in r.output), \
+                r.output
+            assert len(r.output) < 600, r.output

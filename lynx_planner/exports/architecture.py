@@ -29,5 +29,6 @@ def unknown_fields(profile: Profile, handled: set[str], moe_handled: set[str], t
     unknown = sorted(set(arch) - handled) + sorted(f"moe.{k}" for k in set(arch.get("moe") or {}) - moe_handled)
     if unknown:
         values = [arch[k] if "." not in k else arch["moe"][k[4:]] for k in unknown]
-        raise InputError(f"{where}: field model.architecture: {', '.join(unknown)} ({', '.join(map(repr, values))}): "
+        shown = [r if len(r := repr(v)) <= 40 else r[:37] + "..." for v in values]  # a per-layer list: its start
+        raise InputError(f"{where}: field model.architecture: {', '.join(unknown)} ({', '.join(shown)}): "
                          f"lynx's {target} export does not express it; not exporting a different model")
