@@ -346,3 +346,6 @@ class Plan(_Model):
     solver: SolverInfo
     dtype: Dtype | None = Field(None, description="the profile's weight precision; apply_plan refuses others")
     autocast: Autocast | None = Field(None, description="the profile's autocast dtype; apply_plan refuses others")
+    compiled: bool = Field(False, exclude_if=lambda v: v is False,
+                           description="made for torch.compile (lynx plan --compile): every recomputation runs on "
+                           "demand inside the layer's fused backward, and is priced so")
