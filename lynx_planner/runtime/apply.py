@@ -110,8 +110,8 @@ class LynxRuntime:
             return self._compiled(layer, forward, args, kwargs)
         if training and any(map(conflicts.hf_checkpointing, (layer.module, *layer.outer))):
             raise PlanMismatchError(conflicts.hf_message(layer.path))  # enabled after apply_plan
-        if training and layer.scope is not None and conflicts.compiled():
-            raise PlanMismatchError(conflicts.compile_message(layer.path))
+        if training and layer.scope is not None and conflicts.compiled():  # dynamo fell back to running it eagerly
+            raise PlanMismatchError(self._refusal(layer) or conflicts.compile_message(layer.path))
         if training and not layer.checked:
             conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():
@@ -135,10 +135,13 @@ class LynxRuntime:
             self._chain(position, out)
         return out
 
+    def _refusal(self, layer: _Layer) -> str | None:
+        return compiled.refusal(layer.path, layer.at, self.compiled_plan, layer.policy.recompute_with,
+                                bool(layer.routed))
+
     def _compiled(self, layer: _Layer, forward: Any, args: tuple, kwargs: dict) -> Any:
-        why = compiled.refusal(layer.path, layer.at, self.compiled_plan, layer.policy.recompute_with,
-                               bool(layer.routed))
-        if why is not None:
+        why = self._refusal(layer)
+        if why is not None:  # dynamo falls back to running the frame eagerly, where _forward raises it
             raise PlanMismatchError(why)
         if layer.context is None:
             raise PlanMismatchError(f"planned layer {layer.path!r} has no compiled policy")

@@ -71,6 +71,43 @@ class OpNames:
         return make_id(key[0], key[1], occurrence)
 
 
+# Dropout on the CPU runs eagerly as empty_like, bernoulli_, div_ (the scaled mask, saved) and mul; compiled, as one
+# native_dropout (a bool mask, saved). The plan's ids are the eager ones: the k-th native_dropout of a submodule is
+# kept when the plan keeps its mask (div_#k) and stands for those eager ops in the check of named ops.
+_EAGER_DROPOUT = ("empty_like", "bernoulli_", "div_")
+
+
+def eager_ids(op: str, dropout_module: bool) -> list[str]:
+    """The eager op ids a compiled op stands for (itself, or a native_dropout's eager ops)."""
+    path, name, k = split_id(op)
+    if name != "native_dropout":
+        return [op]
+    return [op, *(make_id(path, n, k) for n in _EAGER_DROPOUT), *([make_id(path, "mul", k)] if dropout_module else [])]
+
+
+def _kept(op: str, keep: frozenset[str]) -> bool:
+    path, name, k = split_id(op)
+    return op in keep or (name == "native_dropout" and make_id(path, "div_", k) in keep)
+
+
+_CHECKED: dict[type, type] = {}
+
+
+def _on_exit(mode: Any, callback: Callable[[], None]) -> Any:
+    """`mode` (the checkpoint's forward context) calling `callback` once its forward has been traced."""
+    base = type(mode)
+    if base not in _CHECKED:
+        def __exit__(self: Any, *exc: Any) -> Any:
+            out = base.__exit__(self, *exc)
+            if exc[0] is None:
+                self._lynx_exit()
+            return out
+        _CHECKED[base] = type(f"Checked{base.__name__}", (base,), {"__exit__": __exit__})
+    mode.__class__ = _CHECKED[base]
+    mode._lynx_exit = callback
+    return mode
+
+
 def _qualname(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
@@ -78,26 +115,25 @@ def _qualname(kind: type) -> str:
 def context_fn(path: str, layer: nn.Module, keep: frozenset[str], named: frozenset[str],
                ignore: Callable[[str], bool]) -> Callable[[], tuple[Any, Any]]:
     """The checkpoint's `context_fn` for one planned layer: a fresh policy per traced call. `named`: the op ids the
-    plan names (keep and recompute), checked against the traced forward once its recomputation starts; `ignore`: ids
+    plan names (keep and recompute), checked against the traced forward when it ends; `ignore`: ids
     that may be missing (placeholders, casts of shared weights under autocast)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    dropouts = {p for p, m in layer.named_modules() if isinstance(m, nn.Dropout)}
 
     def make() -> tuple[Any, Any]:
         names = {False: OpNames(layer), True: OpNames(layer)}
         seen: set[str] = set()
-        checked = False
 
         def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-            nonlocal checked
             op = names[ctx.is_recompute](func)
             if not ctx.is_recompute:
-                seen.add(op)
-            elif not checked:  # the forward is traced: every op it runs was named
-                checked = True
-                check_ops(path, named, frozenset(seen), ignore)
-            return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+                seen.update(eager_ids(op, split_id(op)[0] in dropouts))
+            return CheckpointPolicy.MUST_SAVE if _kept(op, keep) else CheckpointPolicy.PREFER_RECOMPUTE
 
-        return create_selective_checkpoint_contexts(policy)
+        forward, recompute = create_selective_checkpoint_contexts(policy)
+        # once the forward is traced every op it runs was named
+        return _on_exit(forward, lambda: check_ops(path, named, frozenset(seen), ignore)), recompute
 
     return make
 
