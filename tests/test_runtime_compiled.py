@@ -157,3 +157,45 @@ def test_inductor_fuses_a_planned_block_with_the_unplanned_gradients(prof):
     torch._dynamo.reset()
     got = grads(apply_plan(copy.deepcopy(reference), plan), "inductor", steps=1)
     assert max((a - b).abs().max().item() for a, b in zip(expected, got)) < 1e-5
+
+
+def test_a_plan_for_compile_recomputes_on_demand_and_check_knows_it(prof):
+    """lynx plan --compile: HEU searches on-demand placements only, the plan records compiled: true and passes check;
+    an early placement in it is a check violation. Plans made without it keep their bytes (no 'compiled' key)."""
+    from lynx_planner.evaluate import check
+    from lynx_planner.io import dumps
+
+    none, full = (solvers.plan(prof, "p.json", "0" * 64, algo, 1 << 60) for algo in ("none", "full"))
+    limit = (none.predicted.stages[0].peak_memory_bytes + full.predicted.stages[0].peak_memory_bytes) // 2
+    eager = solvers.plan(prof, "p.json", "0" * 64, "heu", limit)
+    plan = solvers.plan(prof, "p.json", "0" * 64, "heu", limit, compiled=True)
+    assert plan.compiled and '"compiled": true' in dumps(plan) and '"compiled"' not in dumps(eager)
+    assert {p.at for st in plan.stages for p in st.policies} == {"on_demand"}
+    assert check(plan, prof) == []
+    assert plan.predicted.iteration_time_s >= eager.predicted.iteration_time_s  # on demand is never faster
+    bad = plan.model_copy(deep=True)
+    next(p for p in bad.stages[0].policies if p.mode != "none").at = "layer_above"
+    assert any("not on_demand" in problem for problem in check(bad, prof))
+
+
+def test_dry_run_compiled(prof, tmp_path):
+    """lynx apply --dry-run --compile: the planned model runs a compiled training step; an eager plan with an early
+    placement is refused with the runtime's message."""
+    from lynx_planner.io import dumps
+    from lynx_planner.runtime import dry_run
+
+    profile_path = tmp_path / "profile.json"
+    profile_path.write_text(dumps(prof))
+    from lynx_planner.io import file_sha256
+
+    plan = solvers.plan(prof, str(profile_path), file_sha256(profile_path), "full", 1 << 60)
+    (tmp_path / "plan.json").write_text(dumps(plan))
+    rows = dry_run(str(tmp_path / "plan.json"), MODEL, compile="aot_eager")
+    assert [r["mode"] for r in rows].count("full") == 3
+    for p in plan.stages[0].policies:
+        if p.mode != "none":
+            p.at = "layer_above"
+    (tmp_path / "early.json").write_text(dumps(plan))
+    torch._dynamo.reset()
+    with pytest.raises(PlanMismatchError, match="early recomputation"):
+        dry_run(str(tmp_path / "early.json"), MODEL, compile="aot_eager")
