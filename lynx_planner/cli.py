@@ -255,7 +255,7 @@ def apply_cmd(
     = "inductor",
 ) -> None:
     """Show how a plan maps onto a model's modules (--dry-run). Training scripts call lynx_planner.apply_plan."""
-    apply.run(plan_path, model_path, dry_run, as_json, compile_backend if compile_ else None)
+    apply.run(plan_path, model_path, dry_run, as_json, compile_, compile_backend)
 
 
 @command("validate", help=helptext.VALIDATE)

@@ -14,13 +14,15 @@ from .terminal import out, width
 from .user_code import call_model_file
 
 
-def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool, compile: str | None = None) -> None:
+def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool, compiled: bool = False,
+        backend: str = "inductor") -> None:
     if not dry_run:
         raise InputError("lynx apply needs --dry-run: plans are applied inside the training script, with "
                          "`module = lynx_planner.apply_plan(module, 'plan.json', stage=STAGE)`")
     if not model_path.is_file():
         raise InputError(f"{model_path}: no such model file")
     load_plan(plan_path)  # a clear error for a bad plan before running user code
+    compile = backend if compiled else None
     try:
         from ..runtime import dry_run as _dry_run
     except ImportError as e:
