@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..opid import make_id, op_name, split_id
@@ -115,8 +114,8 @@ def _qualname(kind: type) -> str:
 def context_fn(path: str, layer: nn.Module, keep: frozenset[str], named: frozenset[str],
                ignore: Callable[[str], bool]) -> Callable[[], tuple[Any, Any]]:
     """The checkpoint's `context_fn` for one planned layer: a fresh policy per traced call. `named`: the op ids the
-    plan names (keep and recompute), checked against the traced forward when it ends; `ignore`: ids
-    that may be missing (placeholders, casts of shared weights under autocast)."""
+    plan names (keep and recompute), checked against the traced forward when it ends; `ignore`: ids that may be
+    missing (the TP placeholders of analytic profiles)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     dropouts = {p for p, m in layer.named_modules() if isinstance(m, nn.Dropout)}
@@ -143,9 +142,9 @@ def check_ops(path: str, named: frozenset[str], seen: frozenset[str], ignore: Ca
     if unknown:
         raise PlanMismatchError(
             f"layer {path!r} under torch.compile: the plan names ops its traced forward never runs: "
-            f"{', '.join(unknown[:4])}; it runs e.g. {', '.join(sorted(seen)[:6])}. Compiled, some ops decompose "
-            "differently than eagerly (attention with dropout on CPU, ...): profile the compiled block "
-            "(lynx profile --compile) and re-plan")
+            f"{', '.join(unknown[:4])}; it runs e.g. {', '.join(sorted(seen)[:6])}. Was the plan made from a "
+            "profile of this model? Compiled, some ops also decompose otherwise than eagerly (attention with "
+            "dropout on the CPU runs as matmuls): plan such a layer with full recomputation, or train eagerly")
 
 
 def refusal(path: str, at: str, compiled_plan: bool, recompute_with: int | None, routed: bool) -> str | None:
@@ -169,10 +168,6 @@ def run(forward: Callable[..., Any], args: tuple, kwargs: dict, make_context: Ca
     from torch.utils.checkpoint import checkpoint
 
     return checkpoint(forward, *args, use_reentrant=False, context_fn=make_context, **kwargs)
-
-
-def is_cast(op: str) -> bool:
-    return split_id(op)[1] == "_to_copy"
 
 
 __all__ = ["OpNames", "check_ops", "context_fn", "refusal", "run"]
