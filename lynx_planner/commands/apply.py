@@ -27,7 +27,8 @@ def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool, compile
         from ..runtime import dry_run as _dry_run
     except ImportError as e:
         raise InputError(f"the runtime (lynx_planner.runtime) is not available in this installation ({e})") from None
-    rows = call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path), compile=compile)
+    extra = {"compile": compile} if compile else {}  # the eager call as before
+    rows = call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path), **extra)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
