@@ -197,9 +197,13 @@ def plan_cmd(
         "--reproducible",
         help="Write solver.search_time_s as 0.0 so identical inputs give byte-identical plan files. Without it "
              "only that field (wall time of the search) differs between runs.")] = False,
+    compile_: Annotated[bool, typer.Option(
+        "--compile",
+        help="Plan for torch.compile: every recomputation on demand (a compiled layer recomputes inside its fused "
+             "backward), simulated so; the plan records compiled: true.")] = False,
 ) -> None:
     """Search a recomputation strategy for PROFILE within the memory limit and write it as a plan."""
-    plan.run(profile_path, algo, output, memory_limit, time_limit, partition, reproducible)
+    plan.run(profile_path, algo, output, memory_limit, time_limit, partition, reproducible, compile_)
 
 
 @command("compare")
@@ -263,9 +267,15 @@ def apply_cmd(
         "--dry-run", help="Show what apply_plan would do to each layer, without training.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the layers as a JSON list (stage, layer, module, "
                                           "mode, keep, recompute, when).")] = False,
+    compile_: Annotated[bool, typer.Option(
+        "--compile", help="Run the forward and backward under torch.compile: the planned layers as "
+                          "selective-checkpoint regions (docs/composition.md).")] = False,
+    compile_backend: Annotated[str, typer.Option(
+        help="torch.compile backend for --compile (aot_eager: the partitioner without inductor's C++ build).")]
+    = "inductor",
 ) -> None:
     """Show how a plan maps onto a model's modules (--dry-run). Training scripts call lynx_planner.apply_plan."""
-    apply.run(plan_path, model_path, dry_run, as_json)
+    apply.run(plan_path, model_path, dry_run, as_json, compile_, compile_backend)
 
 
 @command("validate", help=helptext.VALIDATE)

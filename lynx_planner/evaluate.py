@@ -236,6 +236,11 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         mine, theirs = getattr(plan, field), getattr(profile, field)
         if mine != theirs:
             out.append(f"{field} {mine!r} differs from the profile's {theirs!r} (the training precision)")
+    early = sorted({p.at if p.at != "on_demand" else "recompute_with (uniform chunks)"
+                    for st in plan.stages for p in st.policies if p.at != "on_demand" or p.recompute_with is not None})
+    if plan.compiled and early:  # compiled, a layer recomputes inside its own fused backward (runtime/compiled.py)
+        out.append(f"compiled: true, but placements {', '.join(early)} are not on_demand: under torch.compile every "
+                   "recomputation runs on demand (re-plan with lynx plan --compile)")
     return out
 
 

@@ -396,3 +396,6 @@ class Plan(_Model):
     autocast: Autocast | None = Field(None, description="the profile's autocast dtype; apply_plan refuses others")
     kernels: Kernels = Field("hf", exclude_if=lambda v: v == "hf", description="the profile's kernels")
     fp8: bool = Field(False, exclude_if=lambda v: v is False, description="the profile's fp8 linear layers")
+    compiled: bool = Field(False, exclude_if=lambda v: v is False,
+                           description="made for torch.compile (lynx plan --compile): every recomputation runs on "
+                           "demand inside the layer's fused backward, and is priced so")

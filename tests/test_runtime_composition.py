@@ -219,15 +219,16 @@ def test_identical_experts_share_one_policy():
 
 
 # torch.compile ---------------------------------------------------------------------------------------------------
-def test_torch_compile_around_planned_layers_is_refused():
-    """Compiled, the planned layers' dropout masks (and, where dynamo traces the hooks, the gradients) are not the
-    eager plan's: refused at the first training forward, before any step runs."""
+def test_torch_compile_around_early_placements_is_refused():
+    """Compiled, a planned layer's recomputation runs inside its fused backward (runtime/compiled.py): an eager plan
+    placing it earlier (layer_above) is refused at the first training forward, before any step runs
+    (tests/test_runtime_compiled.py: what runs compiled)."""
     from runtime_utils import Spec, Stage, inputs, plan_from_policies, tiny_profile
 
     torch.manual_seed(0)
     model = Stage(2, dtype=torch.float32)
-    planned = apply_plan(model, plan_from_policies(tiny_profile(2), [[Spec("full"), Spec("none")]]))
-    compiled = torch.compile(planned)
-    with pytest.raises(PlanMismatchError, match="runs under torch.compile"):
+    planned = apply_plan(model, plan_from_policies(tiny_profile(2), [[Spec("full", at="layer_above"), Spec("none")]]))
+    compiled = torch.compile(planned, backend="aot_eager")
+    with pytest.raises(PlanMismatchError, match="runs under torch.compile with an early recomputation"):
         compiled(inputs(1, torch.float32)[0]).sum().backward()
     torch._dynamo.reset()

@@ -145,3 +145,63 @@ def test_export_refuses_a_depth_torchtitans_split_would_cut(planned):
     plan = solvers.plan(short, "p.json", "0" * 64, "none", short.hardware.memory_bytes)
     with pytest.raises(InputError, match="drop the layers"):
         export.torchtitan_args(plan, short)
+
+
+def compiled_steps(model: torch.nn.Module, tokens: torch.Tensor, backend: str, steps: int = 2) -> dict:
+    """torchtitan's compile path (distributed/compile.py apply_compile: each block compiled whole, fullgraph=True, as
+    parallelize_llama does after AC), then a few training steps; the gradients of each step and the final weights."""
+    from types import SimpleNamespace
+
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.compile import apply_compile
+
+    apply_compile(model, compile_config=CompileConfig(enable=True, backend=backend),
+                  parallel_dims=SimpleNamespace(tp_enabled=False))
+    out = {}
+    for step in range(steps):
+        model.zero_grad()
+        out |= {f"step {step} {k}": v for k, v in one_step(model, tokens).items()}
+    return out
+
+
+def test_torchtitans_compile_path_trains_a_compiled_plan_with_equal_gradients(planned):
+    """`lynx plan --compile` (every recomputation on demand) applied by LynxAC, then torchtitan's apply_compile: the
+    planned blocks run as selective-checkpoint regions under fullgraph compilation (no graph break), and two steps'
+    gradients and weights equal torchtitan's compiled unplanned run (aot_eager: AOTAutograd's partitioner, no C++
+    build; bit for bit)."""
+    r = lynx("plan", planned / "profile.json", "--algo", "heu", "--compile", "--memory-limit",
+             between(load_model(planned / "profile.json", Profile), 0.5), "-o", planned / "compiled.json")
+    assert r.exit_code == 0, r.output
+    plan = load_model(planned / "compiled.json", Plan)
+    assert plan.compiled and any(p.mode == "selective" for st in plan.stages for p in st.policies)
+    torch.manual_seed(0)
+    base = debug_llama3(layers=4)
+    tokens = torch.randint(0, 2048, (2, 64))
+    model = copy.deepcopy(base)
+    LynxAC.Config(plan=str(planned / "compiled.json")).build(dump_folder=str(planned)).apply(model)
+    torch._dynamo.reset()
+    expected = compiled_steps(base, tokens, "aot_eager")
+    got = compiled_steps(model, tokens, "aot_eager")
+    torch._dynamo.reset()
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    held = [saved_bytes(m(tokens), list(m.parameters())) for m in (base, model)]
+    assert held[1] < held[0]  # the planned blocks' compiled graphs hold less: the plan did apply
+
+
+def saved_bytes(out: torch.Tensor, ignore: list[torch.Tensor]) -> int:
+    """Bytes the autograd graph behind `out` holds for backward (compiled graphs' saved tensors included)."""
+    skip = {t.untyped_storage()._cdata for t in ignore}
+    counted: dict[int, int] = {}
+    todo, done = [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        for t in getattr(node, "saved_tensors", None) or ():
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in skip:
+                counted[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        todo.extend(f for f, _ in node.next_functions)
+    return sum(counted.values())

@@ -14,18 +14,21 @@ from .terminal import out, width
 from .user_code import call_model_file
 
 
-def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool) -> None:
+def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool, compiled: bool = False,
+        backend: str = "inductor") -> None:
     if not dry_run:
         raise InputError("lynx apply needs --dry-run: plans are applied inside the training script, with "
                          "`module = lynx_planner.apply_plan(module, 'plan.json', stage=STAGE)`")
     if not model_path.is_file():
         raise InputError(f"{model_path}: no such model file")
     load_plan(plan_path)  # a clear error for a bad plan before running user code
+    compile = backend if compiled else None
     try:
         from ..runtime import dry_run as _dry_run
     except ImportError as e:
         raise InputError(f"the runtime (lynx_planner.runtime) is not available in this installation ({e})") from None
-    rows = call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path))
+    extra = {"compile": compile} if compile else {}  # the eager call as before
+    rows = call_model_file(model_path, "dry run", _dry_run, str(plan_path), str(model_path), **extra)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
@@ -35,8 +38,9 @@ def run(plan_path: Path, model_path: Path, dry_run: bool, as_json: bool) -> None
     plan = load_plan(plan_path)
     precision = (f"fp32 weights under {plan.autocast} autocast" if plan.autocast else
                  f"{plan.dtype} weights" if plan.dtype else "the weights as built")
+    how = f", compiled ({compile}): planned layers as selective-checkpoint regions" if compile else ""
     out.print(f"ok: a training forward and backward of {model_path} ran with every stage of the plan applied "
-              f"({precision})")
+              f"({precision}{how})")
 
 
 def dry_run_lines(rows: list[dict], width: int) -> list[str]:

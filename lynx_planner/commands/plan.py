@@ -13,7 +13,7 @@ from .terminal import err, out
 
 
 def run(profile_path: Path, algo: str, output: Path, memory_limit: str | None, time_limit: float | None,
-        partition, reproducible: bool) -> None:
+        partition, reproducible: bool, compiled: bool = False) -> None:
     from .. import solvers
 
     if algo not in solvers.ALGOS:
@@ -26,7 +26,7 @@ def run(profile_path: Path, algo: str, output: Path, memory_limit: str | None, t
     try:
         with err.status(f"searching ({algo}) ..."):
             plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,
-                                partition.value if partition else None)
+                                partition.value if partition else None, compiled)
         raise_if_interrupted()  # HiGHS may have swallowed a Ctrl-C and returned its incumbent
     except ModuleNotFoundError as e:
         raise InputError(f"--algo: {algo!r} is not available in this installation ({e})") from None

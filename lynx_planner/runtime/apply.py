@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 from ..io import load_model
 from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
-from . import conflicts, routing
+from . import compiled, conflicts, routing
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
@@ -54,6 +54,7 @@ class _Layer:
     outer: tuple[nn.Module, ...] = ()  # the modules holding it (Hugging Face's flag may be set on them)
     routed: tuple[str, ...] = ()  # its submodules whose ops follow the routing (experts: routing.py)
     checked: bool = False
+    context: Any = None  # its selective-checkpoint context_fn under torch.compile (compiled.py)
 
 
 class LynxRuntime:
@@ -75,6 +76,7 @@ class LynxRuntime:
         self._stream = None
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
+        self.compiled_plan = False  # the plan was made for torch.compile (on-demand placements, priced so)
         from .. import schedules
 
         self.split_backward = schedules.get(parallel.schedule).splits_backward  # zero bubble: B then W
@@ -96,15 +98,20 @@ class LynxRuntime:
             position = positions[calls % len(positions)]
             calls += 1
             return self._forward(position, forward, args, kwargs)
-        return wrapped
+
+        def single(*args: Any, **kwargs: Any) -> Any:  # no call counter: a compiled forward would guard on it
+            return self._forward(positions[0], forward, args, kwargs)
+        return single if len(positions) == 1 else wrapped
 
     def _forward(self, position: int, forward: Any, args: tuple, kwargs: dict) -> Any:
         layer = self.layers[position]
         training = layer.module.training and torch.is_grad_enabled()
+        if training and layer.scope is not None and torch.compiler.is_compiling():  # traced by dynamo
+            return self._compiled(layer, forward, args, kwargs)
         if training and any(map(conflicts.hf_checkpointing, (layer.module, *layer.outer))):
             raise PlanMismatchError(conflicts.hf_message(layer.path))  # enabled after apply_plan
-        if training and layer.scope is not None and conflicts.compiled():
-            raise PlanMismatchError(conflicts.compile_message(layer.path))
+        if training and layer.scope is not None and conflicts.compiled():  # dynamo fell back to running it eagerly
+            raise PlanMismatchError(self._refusal(layer) or conflicts.compile_message(layer.path))
         if training and not layer.checked:
             conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.policy.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():
@@ -127,6 +134,18 @@ class LynxRuntime:
         if torch.is_grad_enabled():
             self._chain(position, out)
         return out
+
+    def _refusal(self, layer: _Layer) -> str | None:
+        return compiled.refusal(layer.path, layer.at, self.compiled_plan, layer.policy.recompute_with,
+                                bool(layer.routed))
+
+    def _compiled(self, layer: _Layer, forward: Any, args: tuple, kwargs: dict) -> Any:
+        why = self._refusal(layer)
+        if why is not None:  # dynamo falls back to running the frame eagerly, where _forward raises it
+            raise PlanMismatchError(why)
+        if layer.context is None:
+            raise PlanMismatchError(f"planned layer {layer.path!r} has no compiled policy")
+        return compiled.run(forward, args, kwargs, layer.context)
 
     def _chain(self, position: int, out: Any) -> None:
         """layer_above: recompute the layer below when backward reaches this layer's outputs."""
@@ -198,7 +217,17 @@ def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: b
     keep = frozenset(policy.keep) if policy.mode == "selective" else frozenset()
     keep = routing.shared_keep(keep, module) if routed else keep
     scope = ModuleScope(module) if policy.mode != "none" else None
-    return _Layer(index, path, module, policy, at, keep, scope, routed=routed)
+    named = frozenset(policy.keep) | frozenset(policy.recompute) if policy.mode == "selective" else frozenset()
+    # the plan recomputes some kept ops (their outputs autograd does not save, other recomputed ops read them): saved
+    # in a compiled region they would not be recomputed, and add bytes the plan does not count
+    saved = keep - frozenset(policy.recompute)
+    context = compiled.context_fn(path, module, saved, named, _ignorable) if scope is not None else None
+    return _Layer(index, path, module, policy, at, keep, scope, routed=routed, context=context)
+
+
+def _ignorable(op: str) -> bool:
+    """An op id a compiled forward may lack: the TP placeholders of analytic profiles."""
+    return op.split(":")[-1].startswith(_PLACEHOLDER_PREFIX)
 
 
 def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = None,
@@ -235,6 +264,7 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     check_dtype(plan, [layer.path for layer in layers], modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None
+    runtime.compiled_plan = plan.compiled
     for layer in layers:
         _RUNTIME_OF_LAYER[layer.module] = runtime
     return module

@@ -143,7 +143,8 @@ def compiled() -> bool:
 
 
 def compile_message(path: str) -> str:
-    return (f"planned layer {path!r} runs under torch.compile: the plan's recomputation (saved-tensor hooks and a "
-            "dispatch mode) is not traced by dynamo, so the compiled model would not run the plan as the eager one "
-            "does (other dropout masks, wrong gradients where dynamo traces the hooks). Train the planned model "
-            "without torch.compile, or compile only the layers the plan leaves alone")
+    return (f"planned layer {path!r} runs eagerly inside a torch.compile'd frame (dynamo fell back to eager at the "
+            "layer, a graph break): the eager plan's recomputation (saved-tensor hooks and a dispatch mode) would "
+            "run under dynamo's frame hooks and not as planned. Compile the planned layers whole (their forward "
+            "without graph breaks: they then run as selective-checkpoint regions, runtime/compiled.py), or train "
+            "the planned model eagerly")

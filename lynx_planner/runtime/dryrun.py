@@ -63,11 +63,12 @@ def _device(profile: Profile | None) -> str:
     return device if device == "cpu" or torch.cuda.is_available() else "cpu"
 
 
-def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path: str, device: str = "cpu") -> None:
+def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path: str, device: str = "cpu",
+                  compile: str | None = None) -> None:
     """One training forward and backward of the model file's model (built as profiled: same lynx_model() arguments
     and precision) with every stage of the plan applied: what the first training step would do. Raises
     PlanMismatchError when the plan does not apply, InputError when the model fails."""
-    from ..profiler.loading import Precision, user_error
+    from ..profiler.loading import Precision
     from .apply import apply_plan
 
     model.train()
@@ -75,22 +76,32 @@ def run_with_plan(plan: Plan, model: torch.nn.Module, inputs: tuple, model_path:
         apply_plan(model, plan, stage=stage.stage)
     try:
         with Precision(plan.dtype, plan.autocast).forward_context(device):
-            out = model(*inputs)
+            out = (torch.compile(model, backend=compile) if compile else model)(*inputs)
         grads_of = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if grads_of:
             torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
     except InputError:
         raise
     except Exception as e:
-        err = user_error(Path(model_path).resolve(), e)
-        raise InputError(f"{err} (running the model's forward and backward with the plan applied)") from None
+        inner = getattr(e, "inner_exception", None) or e.__cause__  # dynamo wraps what the compiled policy raises
+        if compile and isinstance(inner, InputError):
+            raise inner from None
+        _raise_user_error(model_path, e)
 
 
-def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
+def _raise_user_error(model_path: str, e: Exception) -> None:
+    from ..profiler.loading import user_error
+
+    err = user_error(Path(model_path).resolve(), e)
+    raise InputError(f"{err} (running the model's forward and backward with the plan applied)") from None
+
+
+def dry_run(plan_path: str, model_path: str, run: bool = True, compile: str | None = None) -> list[dict]:
     """One row per layer (stage, layer, module, mode, keep, recompute, when) after checking that the plan fits the
     model file (module paths), its stage layout and, when the plan's profile file exists, the profile (same sha256,
     layer blocks and names, op ids); then (`run`) one forward and backward of the model with the plan applied, in the
-    plan's precision, so that a plan the dry run accepts does not fail at the first training step. Raises
+    plan's precision, so that a plan the dry run accepts does not fail at the first training step (`compile`: under
+    torch.compile with that backend, the planned layers as selective-checkpoint regions: runtime/compiled.py). Raises
     PlanMismatchError (an InputError) on the first mismatch."""
     from ..profiler import load_model_file
 
@@ -114,5 +125,5 @@ def dry_run(plan_path: str, model_path: str, run: bool = True) -> list[dict]:
             rows.append({"stage": stage.stage, "layer": index, "module": name, "mode": policy.mode,
                          "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at})
     if run:
-        run_with_plan(plan, model, inputs, model_path, device)
+        run_with_plan(plan, model, inputs, model_path, device, compile)
     return rows

@@ -35,6 +35,7 @@ class Problem:
     memory_limit: int
     time_limit: float | None = None  # seconds, for MILP solvers
     partition: str = "even"  # "even" (Megatron) or "auto" (recomputation-aware)
+    compiled: bool = False  # for torch.compile: every recomputation on demand (HEU searches only those)
 
 
 @dataclass
@@ -62,12 +63,14 @@ def _module(algo: str):
 
 
 def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | None = None,
-          partition: str | None = None) -> Solved:
-    """Search a strategy, then simulate it. Raises Infeasible when the algorithm cannot meet the limit."""
+          partition: str | None = None, compiled: bool = False) -> Solved:
+    """Search a strategy, then simulate it. Raises Infeasible when the algorithm cannot meet the limit. `compiled`:
+    for torch.compile, whose selective-checkpoint regions recompute inside the layer's fused backward: every placement
+    becomes on_demand and is simulated so (HEU searches on-demand placements only)."""
     part = partition or DEFAULT_PARTITION.get(algo, "even")
     if part not in ("even", "auto"):
         raise InputError(f"--partition: {part!r} is not 'even' or 'auto'")
-    problem = Problem(profile, memory_limit, time_limit, part)
+    problem = Problem(profile, memory_limit, time_limit, part, compiled)
     module = _module(algo)  # imported before the clock starts: search time is the search alone
     t0 = time.perf_counter()
     limit_s = time_limit if time_limit is not None else getattr(module, "DEFAULT_TIME_LIMIT_S", None)
@@ -75,6 +78,8 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
     with candidates.served() as used, candidates.time_limit(None if limit_s is None else t0 + limit_s):
         strategy = module.search(problem, algo)
     search_s = time.perf_counter() - t0
+    if compiled:
+        strategy = _on_demand(strategy, algo)
     bound = _bound(used)
     if bound is not None:  # a MILP's bound and optimum over a subset of the policies prove nothing about the rest
         strategy.gap = strategy.bound_s = None
@@ -93,6 +98,19 @@ def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | No
     return Solved(stages, info, ev)
 
 
+def _on_demand(strategy: Strategy, algo: str) -> Strategy:
+    """The strategy with every recomputation on demand, re-simulated (an early placement's regenerated tensors are
+    held longer than on demand's: the plan still fits)."""
+    if any(p.recompute_with is not None for p in strategy.policies):
+        raise InputError(f"--compile: {algo!r} recomputes Megatron's uniform chunks, which do not run under "
+                         "torch.compile; choose another algorithm")
+    if all(p.at == "on_demand" for p in strategy.policies):
+        return strategy
+    strategy.policies = [p.model_copy(update={"at": "on_demand"}) for p in strategy.policies]
+    strategy.evaluation = None
+    return strategy
+
+
 def _bound(used: dict) -> CandidateBound | None:
     """How the candidates a search used differ from the exact Pareto sets (None: they did not)."""
     inexact = {name: f for name, f in sorted(used.items()) if not f.exact}
@@ -103,7 +121,8 @@ def _bound(used: dict) -> CandidateBound | None:
 
 
 def plan(profile: Profile, profile_path: str, profile_sha256: str, algo: str, memory_limit: int,
-         time_limit: float | None = None, partition: str | None = None) -> Plan:
-    solved = solve(profile, algo, memory_limit, time_limit, partition)
-    return make_plan(profile, profile_path, profile_sha256, algo, memory_limit, solved.stages, solved.solver,
+         time_limit: float | None = None, partition: str | None = None, compiled: bool = False) -> Plan:
+    solved = solve(profile, algo, memory_limit, time_limit, partition, compiled)
+    made = make_plan(profile, profile_path, profile_sha256, algo, memory_limit, solved.stages, solved.solver,
                      solved.evaluation)
+    return made.model_copy(update={"compiled": True}) if compiled else made

@@ -622,5 +622,6 @@ def _round(profile: Profile, limit: int, bounds: list[int], caches: list[HullCac
 
 
 def search(problem: Problem, algo: str = "heu") -> Strategy:
-    bounds, pols, evaluation = heu_strategy(problem.profile, problem.memory_limit, problem.partition)
+    placements = ("on_demand",) if problem.compiled else LYNX_PLACEMENTS
+    bounds, pols, evaluation = heu_strategy(problem.profile, problem.memory_limit, problem.partition, placements)
     return Strategy(bounds, pols, status="heuristic", evaluation=evaluation)
