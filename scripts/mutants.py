@@ -47,6 +47,7 @@ B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
+MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
@@ -228,6 +229,39 @@ MUTANTS: list[Mutant] = [
       "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
     M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_candidates_scale.py",
       what="HEU repair gives up after 8 rounds (infeasible on an autocast MoE at the upper limit)"),
+    # issue 31: the HF families' arithmetic against independent derivations (tests/test_modern_arithmetic.py)
+    M("analytic/attention.py", "fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))",
+      "fwd = costs.attention_s(flops, ops.hw, per_head_flops=flops / (b * heads))", MA,
+      what="HF attention priced non-causal"),
+    M("analytic/mlp.py", "h, nk, f, ep = spec.hidden, n * m.top_k, m.expert_ffn // par.tp, par.ep",
+      "h, nk, f, ep = spec.hidden, n * m.top_k, m.expert_ffn, par.ep", MA, what="expert GEMMs not split by TP"),
+    M("analytic/mlp.py", 'shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn // t, src, ln)',
+      'shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn, src, ln)', MA,
+      what="Qwen2-MoE shared-expert GEMMs not split by TP"),
+    M("analytic/mlp.py", 'swiglu(ops, None, "mlp.shared_experts", n, h, m.shared_ffn // t, src, ln)',
+      'swiglu(ops, None, "mlp.shared_experts", n, h, m.shared_ffn, src, ln)', MA,
+      what="DeepSeek shared-expert GEMMs not split by TP"),
+    M("analytic/mlp.py", "a2a = costs.all_to_all_s(ACT * nk * h, ep,", "a2a = costs.all_to_all_s(ACT * n * h, ep,", MA,
+      what="EP all-to-all moves tokens, not tokens x top-k"),
+    M("analytic/decoder.py", "other = m.experts * h + 3 * h * m.shared_ffn // t + (h if m.shared_gate else 0)",
+      "other = m.experts * h + 3 * h * m.shared_ffn + (h if m.shared_gate else 0)", MA,
+      what="shared-expert params not split by TP"),
+    M("analytic/decoder.py", "return attn + spec.dense_mlp_params() // t + norms, 0",
+      "return attn + spec.dense_mlp_params() + norms, 0", MA, what="dense MLP params not split by TP"),
+    M("analytic/decoder.py", "attn = replicated + split // t", "attn = (replicated + split) // t", MA,
+      what="MLA's replicated down-projections split by TP"),
+    M("analytic/decoder.py", "m.experts * 3 * h * m.expert_ffn // (t * par.ep)", "m.experts * 3 * h * m.expert_ffn // par.ep",
+      MA, what="expert params not split by TP"),
+    M("analytic/decoder.py", "    n_loc = n // par.tp if par.sequence_parallel else n\n    ops = _OpList(hw)\n    tp = _TP(",
+      "    n_loc = n\n    ops = _OpList(hw)\n    tp = _TP(", MA, what="norms and residuals not split under SP"),
+    M("analytic/decoder.py", "v * h // t if not spec.tie_embeddings or par.pp > 1 else 0",
+      "v * h // t if not spec.tie_embeddings else 0", MA, what="tied head without weights on the last stage"),
+    M("models/spec.py", "(3 * h * m.shared_ffn if m.shared_ffn else 0) + (h if m.shared_gate else 0)",
+      "(3 * h * m.shared_ffn if m.shared_ffn else 0)", MA, what="Qwen2-MoE shared-expert gate not counted"),
+    M("models/spec.py", "inactive * (self.num_layers - self.moe.dense_layers)", "inactive * self.num_layers", MA,
+      what="DeepSeek's dense layers counted as MoE in active params"),
+    M("models/spec.py", 'head = 0 if self.tie_embeddings or self.family == "gpt" else v * h',
+      'head = 0 if self.family == "gpt" else v * h', MA, what="tied embeddings counted twice"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
