@@ -47,6 +47,7 @@ B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
+EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's bound per schedule
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -262,6 +263,18 @@ MUTANTS: list[Mutant] = [
       what="DeepSeek's dense layers counted as MoE in active params"),
     M("models/spec.py", 'head = 0 if self.tie_embeddings or self.family == "gpt" else v * h',
       'head = 0 if self.family == "gpt" else v * h', MA, what="tied embeddings counted twice"),
+    # issue 31: exports through the CLI, tune's bound per schedule (tests/test_exports_and_bounds.py)
+    M("tune.py", "bubble = 0.0 if schedules.get(par.schedule).splits_backward else (p - 1) / par.virtual_stages",
+      "bubble = (p - 1) / par.virtual_stages", EB, B, what="tune's zero-bubble bound charges a bubble"),
+    M("export.py", '    if par.ep > 1:\n        flags.append(f"--expert-model-parallel-size {par.ep}")',
+      '    if False:\n        flags.append(f"--expert-model-parallel-size {par.ep}")', EB,
+      what="Megatron export drops --expert-model-parallel-size"),
+    M("export.py", "flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)",
+      "flags += split_flags(profile, bounds)", EB, what="Megatron export drops the virtual-stage flags"),
+    M("export.py", "    if schedules.get(par.schedule).splits_backward:\n        notes.append(",
+      "    if False:\n        notes.append(", EB, what="Megatron export drops the zero-bubble warning"),
+    M("export.py", '"pipeline_parallel_schedule": schedules.get(par.schedule).torchtitan,',
+      '"pipeline_parallel_schedule": "1F1B",', EB, what="torchtitan export always 1F1B"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
