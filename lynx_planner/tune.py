@@ -236,7 +236,8 @@ def balanced_ideal_s(profile: Profile) -> float:
     bubble = 0.0 if schedules.get(par.schedule).splits_backward else (p - 1) / par.virtual_stages
     step = 0.0
     if par.optimizer_step:
-        step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p)
+        step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p,
+                                sum(layer.expert_params for layer in profile.layers) // p)
     return (m + bubble) * work / p + step
 
 

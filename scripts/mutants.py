@@ -48,6 +48,7 @@ BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
 EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's bound per schedule
+DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iteration
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -275,6 +276,14 @@ MUTANTS: list[Mutant] = [
       "    if False:\n        notes.append(", EB, what="Megatron export drops the zero-bubble warning"),
     M("export.py", '"pipeline_parallel_schedule": schedules.get(par.schedule).torchtitan,',
       '"pipeline_parallel_schedule": "1F1B",', EB, what="torchtitan export always 1F1B"),
+    # issue 31: the end of the iteration for experts and tied embeddings (tests/test_dp_experts.py)
+    M("simulator.py", "dt += _reduce_s(profile, grad_bytes(profile) * e, par.dp // par.ep, expert_bus)",
+      "dt += _reduce_s(profile, grad_bytes(profile) * e, par.dp, bus)", DE,
+      what="expert gradients reduced over dp, not dp / ep"),
+    M("simulator.py", "shards = (par.dp, par.dp // par.ep) if", "shards = (par.dp, par.dp) if", DE,
+      what="expert optimizer step sharded over dp, not dp / ep"),
+    M("simulator.py", 'if profile.model.config.get("tie_embeddings") and profile.layers:', "if False:", DE,
+      what="tied all-reduce only for a block named embedding"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

@@ -153,7 +153,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
     def layer(block: str, name: str, dense: int, experts: int = 0) -> Layer:
-        return Layer(block=block, name=name, params=dense + experts,
+        return Layer(block=block, name=name, params=dense + experts, expert_params=experts if par.ep > 1 else 0,
                      static_bytes=int(dense * bpp) + int(experts * expert_bpp))
 
     h, v, t = spec.hidden, spec.vocab, par.tp
@@ -165,6 +165,8 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     layers.append(layer("Linear", "lm_head", v * h // t if not spec.tie_embeddings or par.pp > 1 else 0))
     config: dict = {"family": spec.family, "num_layers": spec.num_layers, "hidden": h, "heads": spec.heads,
                     "kv_heads": spec.kv, "ffn_hidden": spec.ffn_hidden, "vocab": v}
+    if spec.tie_embeddings:  # left out when false: untied profiles keep their bytes
+        config["tie_embeddings"] = True
     if spec.moe is not None:
         config |= {"experts": spec.moe.experts, "top_k": spec.moe.top_k, "expert_ffn": spec.moe.expert_ffn,
                    "active_params": spec.active_params(par.seq_len)}
