@@ -49,6 +49,7 @@ BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left al
 W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
 EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's bound per schedule
 DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iteration
+RR = "test_runtime_refusals.py"  # issue 31: the runtime's module-tree checks
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -284,6 +285,19 @@ MUTANTS: list[Mutant] = [
       what="expert optimizer step sharded over dp, not dp / ep"),
     M("simulator.py", 'if profile.model.config.get("tie_embeddings") and profile.layers:', "if False:", DE,
       what="tied all-reduce only for a block named embedding"),
+    # issue 31: the runtime's names and module tree (tests/test_runtime_refusals.py; test_names.py needs torchtitan)
+    M("runtime/names.py", 'if path is None and mode != "none":', "if False:", RR,
+      what="a recomputing layer without a counterpart silently skipped"),
+    M("runtime/names.py", "if kept and len(kept) < 3:", "if False:", "test_names.py",
+      what="fused-QKV partial keeps not refused"),
+    M("runtime/names.py", 'table.update({roles[r][0]: _FUSED_QKV for r in ("q", "k", "v")})', "pass",
+      "test_names.py", what="q/k/v not translated to the fused QKV GEMM"),
+    M("runtime/routing.py", "any(p.dim() == 3 for p in m.parameters(recurse=False))",
+      "any(p.dim() == 4 for p in m.parameters(recurse=False))", RR, what="fused (3-D weight) experts not detected"),
+    M("runtime/routing.py", "if _identical([c for _, c in m.named_children()]) and any(True for _ in m.parameters()):",
+      "if any(True for _ in m.parameters()):", RR, what="any ModuleList taken as identical experts"),
+    M("runtime/conflicts.py", "any(isinstance(m, wrapper) for m in [*outer[1:], *inside])",
+      "any(isinstance(m, wrapper) for m in inside)", RR, what="checkpoint_wrapper around a layer not detected"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
