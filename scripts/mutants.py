@@ -230,7 +230,7 @@ MUTANTS: list[Mutant] = [
       what="a frontier built after the deadline keeps the full step cap"),
     M("solvers/candidates.py", "work > work_cap or (step_cap is not None and size > step_cap) or _late()",
       "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
-    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_candidates_scale.py",
+    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_heu_repair.py", "test_candidates_scale.py",
       what="HEU repair gives up after 8 rounds (infeasible on an autocast MoE at the upper limit)"),
     # issue 31: the HF families' arithmetic against independent derivations (tests/test_modern_arithmetic.py)
     M("analytic/attention.py", "fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))",
