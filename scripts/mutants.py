@@ -50,6 +50,7 @@ W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
 EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's bound per schedule
 DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iteration
 RR = "test_runtime_refusals.py"  # issue 31: the runtime's module-tree checks
+BC = "test_bad_model_configs.py"  # issue 31: bad config.json / model JSON
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -298,6 +299,16 @@ MUTANTS: list[Mutant] = [
       "if any(True for _ in m.parameters()):", RR, what="any ModuleList taken as identical experts"),
     M("runtime/conflicts.py", "any(isinstance(m, wrapper) for m in [*outer[1:], *inside])",
       "any(isinstance(m, wrapper) for m in inside)", RR, what="checkpoint_wrapper around a layer not detected"),
+    # issue 31: config.json fields named, sizes bounded, MLP options refused (tests/test_bad_model_configs.py)
+    M("models/hf_config.py", '    if mt in ("llama", "mistral") and f.get("mlp_bias", False, bool):',
+      '    if False:', BC, what="mlp_bias silently ignored"),
+    M("models/hf_config.py", 'if f.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):',
+      'if f.get("decoder_sparse_step", 1) != 1:', BC, what="mlp_only_layers silently ignored"),
+    M("models/hf_config.py", "if kind is int and v == 0 and key not in _MAY_BE_ZERO:", "if False:", BC,
+      what="a zero size named by lynx's field, not the config's"),
+    M("models/hf_config.py", "if kind is int and v > _MOST.get(key, MAX_WIDTH):", "if False:", BC,
+      what="config sizes unbounded (10^9 layers)"),
+    M("models/spec.py", "MAX_LAYERS = 1024", "MAX_LAYERS = 10**9", BC, what="model JSON layers unbounded"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

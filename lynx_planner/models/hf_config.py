@@ -11,10 +11,18 @@ import json
 from pathlib import Path
 
 from ..io import InputError
-from .spec import MLASpec, ModelSpec, MoESpec
+from .spec import MAX_EXPERTS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, MLASpec, ModelSpec, MoESpec
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 _HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # transformers' defaults where head_dim is its own field
+
+
+# The most each integer field may be (spec.py says why); widths (hidden, FFN, head and low-rank dimensions, heads)
+# otherwise. Fields that may be 0: counts of optional parts.
+_MOST = {"num_hidden_layers": MAX_LAYERS, "first_k_dense_replace": MAX_LAYERS, "vocab_size": MAX_VOCAB,
+         "num_local_experts": MAX_EXPERTS, "num_experts": MAX_EXPERTS, "n_routed_experts": MAX_EXPERTS,
+         "num_experts_per_tok": MAX_EXPERTS, "n_shared_experts": MAX_EXPERTS, "decoder_sparse_step": MAX_LAYERS}
+_MAY_BE_ZERO = {"n_shared_experts", "first_k_dense_replace", "shared_expert_intermediate_size", "q_lora_rank"}
 
 
 class _Fields:
@@ -29,6 +37,11 @@ class _Fields:
         v = self.cfg[key]
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise InputError(f"{self.where}: field {key!r} must be a non-negative integer, not {v!r}")
+        if kind is int and v == 0 and key not in _MAY_BE_ZERO:
+            raise InputError(f"{self.where}: field {key!r} must be at least 1, not 0")
+        if kind is int and v > _MOST.get(key, MAX_WIDTH):
+            raise InputError(f"{self.where}: field {key!r} is {v}: lynx takes at most {_MOST.get(key, MAX_WIDTH)} "
+                             "(far above any real model's; a typo?)")
         if kind is bool and not isinstance(v, bool):
             raise InputError(f"{self.where}: field {key!r} must be true or false, not {v!r}")
         return v
@@ -60,6 +73,11 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
         raise InputError(f"{where}: field 'mlp_bias': true is not supported")
     if kw["qkv_bias"] and mt not in ("qwen2", "qwen2_moe"):
         raise InputError(f"{where}: field 'attention_bias': true is not supported for model_type {mt!r}")
+    experts_key = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+                   "deepseek_v3": "n_routed_experts"}.get(mt)
+    if experts_key is not None and f.get("num_experts_per_tok") > f.get(experts_key):
+        raise InputError(f"{where}: field 'num_experts_per_tok' ({cfg['num_experts_per_tok']}) exceeds "
+                         f"{experts_key!r} ({cfg[experts_key]}): a token cannot go to more experts than there are")
     if mt == "mixtral":
         kw["moe"] = MoESpec(experts=f.get("num_local_experts"), top_k=f.get("num_experts_per_tok"),
                             expert_ffn=kw["ffn_hidden"])
