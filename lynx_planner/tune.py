@@ -204,6 +204,27 @@ def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: 
     return out
 
 
+def option_reason(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
+                  names: tuple[str, ...], virtual: int | None, experts: int, ep: int | None) -> str | None:
+    """Where `--ep` or `--virtual-stages` alone leaves no layout (there are some without it): why, naming it."""
+    if ep is not None:
+        some = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, experts)
+        if some:
+            sizes = sorted({lay.ep for lay in some})
+            what = ("the model has no experts (--ep 1 only)" if not experts else
+                    f"EP must divide the model's {experts} experts and a layout's data-parallel size; here: "
+                    f"{', '.join(map(str, sizes))}")
+            return f"--ep {ep}: no layout has it: {what}"
+    if virtual is not None:
+        some = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, None, experts, ep)
+        if some:
+            counts = sorted({lay.virtual_stages for lay in some})
+            return (f"--virtual-stages {virtual}: no layout has it (the {num_layers} layers must split evenly over "
+                    f"pp x {virtual} chunks, pp > 1, and the schedule must accept it); possible here: "
+                    f"{', '.join(map(str, counts))}")
+    return None
+
+
 def no_layout_reason(model: str, gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None
                      ) -> str:
     """Why `layouts` found nothing, naming the option to change."""
@@ -368,7 +389,9 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     hit = False
     found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, model_experts(model), ep)
     if not found:
-        raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
+        raise InputError(option_reason(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual,
+                                       model_experts(model), ep)
+                         or no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
     for lay in found:
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
             hit = True  # profiling every layout of a huge search can itself take long

@@ -51,6 +51,7 @@ EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's b
 DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iteration
 RR = "test_runtime_refusals.py"  # issue 31: the runtime's module-tree checks
 BC = "test_bad_model_configs.py"  # issue 31: bad config.json / model JSON
+CN = "test_cli_newcomer.py"  # issue 31: the command line a new user meets
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -309,6 +310,15 @@ MUTANTS: list[Mutant] = [
     M("models/hf_config.py", "if kind is int and v > _MOST.get(key, MAX_WIDTH):", "if False:", BC,
       what="config sizes unbounded (10^9 layers)"),
     M("models/spec.py", "MAX_LAYERS = 1024", "MAX_LAYERS = 10**9", BC, what="model JSON layers unbounded"),
+    # issue 31: what a new user meets on the command line (tests/test_cli_newcomer.py)
+    M("tune.py", "        raise InputError(option_reason(gpus, hw, global_batch,",
+      "        raise InputError((lambda *a: None)(gpus, hw, global_batch,", CN, what="tune --ep 3 blames --global-batch"),
+    M("commands/options.py", 'if option == "--memory-limit" and value < MIN_MEMORY_LIMIT:', "if False:", CN,
+      what="--memory-limit 16 taken as 16 bytes"),
+    M("commands/terminal.py", "out.on_broken_pipe = silence_stdout", "pass", CN,
+      what="| head -1: exit 1 and no file"),
+    M("commands/terminal.py", "disable=disable or not err.is_terminal)", "disable=disable)", CN,
+      what="piped stderr starts with an empty line"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

@@ -1,0 +1,59 @@
+"""What a new user meets on the command line: the right option blamed (--ep, --virtual-stages), a unitless tiny
+--memory-limit questioned, output piped into `head` (the files still written, exit 0), no empty first line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import lynx
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_tune_blames_ep_when_only_ep_leaves_no_layout():
+    r = lynx("tune", "mixtral-8x7b", "--gpus", "16", "--global-batch", "64", "--ep", "3")
+    assert r.exit_code == 2 and "--ep 3" in r.output and "--global-batch" not in r.output
+    assert "1, 2, 4, 8" in r.output  # the sizes that would do
+
+
+def test_tune_blames_virtual_stages_when_only_they_leave_no_layout():
+    r = lynx("tune", "gpt-1.3b", "--gpus", "8", "--global-batch", "16", "--schedule", "interleaved-1f1b",
+             "--virtual-stages", "7")
+    assert r.exit_code == 2 and "--virtual-stages 7" in r.output and "--global-batch" not in r.output
+    assert "24 layers" in r.output
+
+
+def test_a_memory_limit_of_a_few_bytes_is_questioned(tmp_path):
+    for args in (["plan", "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json", "--algo", "heu", "-o",
+                  tmp_path / "plan.json"], ["tune", "gpt-1.3b", "--gpus", "8", "--global-batch", "16"]):
+        r = lynx(*args, "--memory-limit", "16")
+        assert r.exit_code == 2 and "did you mean 16GiB" in r.output, r.output
+    assert not (tmp_path / "plan.json").exists()
+    r = lynx("plan", "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json", "--algo", "heu", "-o",
+             tmp_path / "plan.json", "--memory-limit", "512KiB")
+    assert r.exit_code == 2 and "below 1 MiB" in r.output and "did you mean" not in r.output
+
+
+def test_output_piped_into_a_reader_that_leaves_still_writes_the_file(tmp_path):
+    """`lynx profile ... | head -1`: the reader closes the pipe before lynx prints (here: at once); the profile is
+    written all the same and lynx exits 0 without a word."""
+    out = tmp_path / "p.json"
+    proc = subprocess.Popen([sys.executable, "-m", "lynx_planner.cli", "profile", "gpt-1.3b", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=tmp_path)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert out.exists() and err == ""
+
+
+def test_error_output_starts_with_the_error_not_an_empty_line():
+    proc = subprocess.run([sys.executable, "-m", "lynx_planner.cli", "tune", "gpt-1.3b", "--gpus", "8",
+                           "--global-batch", "3"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("gpt-1.3b on 8 x")
+    proc = subprocess.run([sys.executable, "-m", "lynx_planner.cli", "tune", "mixtral-8x7b", "--gpus", "16",
+                           "--global-batch", "64", "--ep", "3"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --ep 3")
