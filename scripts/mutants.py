@@ -5,6 +5,7 @@ its tests, and add a line to MUTANTS for each bug a test of yours is meant to ca
     python scripts/mutants.py                 # every mutant
     python scripts/mutants.py tune export     # those whose file or name contains one of these words
     python scripts/mutants.py --list          # the table of mutants without running them
+    python scripts/mutants.py --last 37       # the 37 added last (issue 31's)
 
 A mutant is (file, original text, replacement, test files). The original must occur exactly once in the file (so a
 refactor that moves or rewrites the line shows up as `stale`, not as a silent pass). The file is restored after each
@@ -383,12 +384,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("select", nargs="*", help="run the mutants whose file or description contains one of these")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    ap.add_argument("--last", type=int, default=0, help="only the last N mutants of the table (those added last)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (then: caught)")
     ap.add_argument("--in-place", action="store_true", help="mutate this checkout instead of a scratch copy")
     args = ap.parse_args()
     restore_leftovers(ROOT)
     root = ROOT if args.in_place or args.list else scratch_copy()
-    chosen = [m for m in MUTANTS if not args.select or any(w in m.file or w in m.what for w in args.select)]
+    pool = MUTANTS[-args.last:] if args.last else MUTANTS
+    chosen = [m for m in pool if not args.select or any(w in m.file or w in m.what for w in args.select)]
     print("| # | file | bug | tests | outcome | caught by | s |")
     print("|---|---|---|---|---|---|---|")
     counts: dict[str, int] = {}
