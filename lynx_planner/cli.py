@@ -295,9 +295,10 @@ def tune_cmd(
     hardware: Annotated[str, typer.Option(
         help="Hardware catalog name or JSON file; several kinds comma-separated (a100-80g-nvlink,h100-80g-nvlink).")]
     = DEFAULT_HARDWARE,
-    gpus: Annotated[Optional[int], typer.Option(
-        "--gpus", min=1, show_default="per kind, the fewest that fit and a few sizes above",
-        help="Number of GPUs.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(
+        "--gpus", metavar="N|N,M,...|LO-HI", show_default="per kind, the fewest that fit and a few sizes above",
+        help="Number of GPUs; a list (32,64,128) or a range of powers of two (32-256) ends with the fastest "
+             "configuration and the one with the fewest GPU-hours across all types and counts.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
     memory_limit: MemoryLimit = None,
     time_limit: Annotated[Optional[float], typer.Option(

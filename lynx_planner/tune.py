@@ -565,3 +565,69 @@ def size_up(model: str, hw: Hardware, global_batch: int, seq_len: int = 2048, me
                                     distributed_optimizer=distributed_optimizer, profiles=profiles,
                                     progress=progress, make_plan=False)))
     return Sizing(hw.name, fewest, results)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# which GPUs, how many: one answer across GPU types and counts
+
+MAX_GPU_COUNTS = 16  # counts one `--gpus` list or range may name (each is a full search per GPU type)
+
+
+def gpu_counts(text: str) -> list[int]:
+    """`--gpus`: one count (64), a list (32,64,128), or a range lo-hi (32-256: the powers of two from lo to hi,
+    the counts `lynx tune` sizes up over), in increasing order without repeats."""
+    text = str(text).strip()
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts, n = [], 1
+            while n <= hi and len(counts) <= MAX_GPU_COUNTS:
+                if n >= lo:
+                    counts.append(n)
+                n *= 2
+            if not counts:
+                raise InputError(f"--gpus: {text}: no power of two between {lo} and {hi} (name the counts: "
+                                 f"{lo},{hi})")
+        else:
+            counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--gpus: {text!r} is not a count, a list (32,64,128) or a range (32-256)") from None
+    if not counts or min(counts) < 1:
+        raise InputError(f"--gpus: {text!r}: counts must be at least 1")
+    counts = sorted(set(counts))
+    if len(counts) > MAX_GPU_COUNTS:
+        raise InputError(f"--gpus: {text!r} names {len(counts)} counts; at most {MAX_GPU_COUNTS} (each is a search)")
+    return counts
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best configuration of one GPU type at one GPU count, as a verdict weighs it."""
+
+    hardware: str
+    gpus: int
+    row: Row
+    limit_bytes: int  # the memory limit the search planned to
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours one iteration takes: GPUs x iteration time."""
+        return self.gpus * self.row.iteration_time_s / 3600
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.limit_bytes - self.row.peak_memory_bytes
+
+
+def verdicts(choices: list[Choice]) -> tuple[Choice, Choice] | None:
+    """(fastest, cheapest) across GPU types and counts: the shortest iteration (the most tokens per second: all
+    choices train the same global batch), and the fewest GPU-hours per iteration (the most tokens per GPU-hour).
+    Ties: fewer GPUs, then the type's name. None when nothing fits anywhere."""
+    fit = [c for c in choices if c.row.fits]
+    if not fit:
+        return None
+    fastest = min(fit, key=lambda c: (c.row.iteration_time_s, c.gpus, c.hardware))
+    cheapest = min(fit, key=lambda c: (c.gpu_hours, c.row.iteration_time_s, c.hardware))
+    return fastest, cheapest

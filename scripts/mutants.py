@@ -53,6 +53,7 @@ DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iter
 RR = "test_runtime_refusals.py"  # issue 31: the runtime's module-tree checks
 BC = "test_bad_model_configs.py"  # issue 31: bad config.json / model JSON
 CN = "test_cli_newcomer.py"  # issue 31: the command line a new user meets
+TV = "test_tune_verdicts.py"  # issue 31: which GPUs, how many
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -320,6 +321,15 @@ MUTANTS: list[Mutant] = [
       what="| head -1: exit 1 and no file"),
     M("commands/terminal.py", "disable=disable or not err.is_terminal)", "disable=disable)", CN,
       what="piped stderr starts with an empty line"),
+    # issue 31: which GPUs, how many (tests/test_tune_verdicts.py)
+    M("tune.py", "cheapest = min(fit, key=lambda c: (c.gpu_hours, c.row.iteration_time_s, c.hardware))",
+      "cheapest = min(fit, key=lambda c: (c.row.iteration_time_s / c.gpus, c.hardware))", TV,
+      what="fewest GPU-hours taken as time per GPU"),
+    M("tune.py", "fastest = min(fit, key=lambda c: (c.row.iteration_time_s, c.gpus, c.hardware))",
+      "fastest = max(fit, key=lambda c: (c.row.tokens_per_s_per_gpu, c.gpus, c.hardware))", TV,
+      what="fastest taken as the most tokens/s per GPU"),
+    M("tune.py", "        return self.limit_bytes - self.row.peak_memory_bytes", "        return self.limit_bytes", TV,
+      what="headroom without the peak"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
