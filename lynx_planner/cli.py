@@ -137,7 +137,7 @@ def profile_cmd(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
     schedule: Annotated[Schedule, typer.Option(metavar="SCHEDULE", help=helptext.SCHEDULE)] = Schedule("1f1b"),
     virtual_stages: Annotated[int, typer.Option(
-        min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
+        min=1, help="Model chunks per pipeline rank (Megatron-LM's --num-virtual-stages-per-pipeline-rank): >= 2 for "
                     "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
     distributed_optimizer: DistributedOptimizer = DISTRIBUTED_OPTIMIZER,
     overlap_grad_reduce: Annotated[bool, typer.Option(

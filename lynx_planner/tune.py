@@ -168,6 +168,8 @@ def pipeline_schedules(names: tuple[str, ...], pp: int, m: int, num_layers: int,
             if (v == 1 or num_layers % (pp * v) == 0) and schedules.problem(name, pp, v, m) is None and \
                     pp * v <= num_layers:
                 out.append((name, v))
+    if pp == 1:  # one stage: no bubble to fill, and 1F1B's order (gradient accumulation) holds the fewest
+        return sorted(out, key=lambda sv: sv[0] != "1f1b")[:1]  # micro-batches: one row, not one per schedule
     return out
 
 

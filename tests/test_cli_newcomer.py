@@ -57,3 +57,26 @@ def test_error_output_starts_with_the_error_not_an_empty_line():
     proc = subprocess.run([sys.executable, "-m", "lynx_planner.cli", "tune", "mixtral-8x7b", "--gpus", "16",
                            "--global-batch", "64", "--ep", "3"], capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --ep 3")
+
+
+def test_schedule_all_lists_one_stage_layouts_once():
+    from lynx_planner import schedules, tune
+    from lynx_planner.models.hardware import HARDWARE
+
+    lays = tune.layouts(8, HARDWARE["a100-80g-nvlink"], 16, 24, 16, 2048, names=schedules.NAMES)
+    one = [(l.tp, l.dp, l.micro_batch_size, l.sequence_parallel) for l in lays if l.pp == 1]
+    assert one and len(one) == len(set(one))
+    assert {l.schedule for l in lays if l.pp == 1} == {"1f1b"}
+    assert {l.schedule for l in lays if l.pp > 1} == set(schedules.NAMES)
+
+
+def test_model_name_typo_gets_a_short_suggestion():
+    r = lynx("profile", "lama3-8b", "-o", "x.json")
+    assert r.exit_code == 2 and "did you mean llama3-8b" in r.output and len(r.output) < 300
+
+
+def test_timeline_legend_names_the_optimizer_step_apart_from_dp_collectives():
+    from lynx_planner.plot import _category
+
+    assert _category({"tid": "dp collective", "name": "optimizer step"}) == "optimizer step"
+    assert _category({"tid": "dp collective", "name": "DP grad L3"}) == "DP collective"
