@@ -92,8 +92,8 @@ def command(name: str, **kwargs: Any) -> Callable:
 def profile_cmd(
     model: Annotated[str, typer.Argument(
         metavar="MODEL",
-        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
-             "PyTorch model.")],
+        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b, llama3-8b, mixtral-8x7b, ...), a Hugging Face "
+             "config.json, a lynx model JSON, or the path of a .py file that builds a PyTorch model.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile JSON.")],
     hardware: Annotated[str, typer.Option(
         help="Hardware catalog name (`lynx hardware`) or a JSON file of the Hardware schema.")] = DEFAULT_HARDWARE,
@@ -290,7 +290,8 @@ def bench_cmd(
 @command("tune")
 def tune_cmd(
     model: Annotated[str, typer.Argument(
-        metavar="MODEL", help="A catalog name (`lynx models`) or the path of a .py file that builds a PyTorch model.")],
+        metavar="MODEL", help="A catalog name (`lynx models`), a Hugging Face config.json, a lynx model JSON, or the "
+                              "path of a .py file that builds a PyTorch model.")],
     global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Sequences per iteration.")],
     hardware: Annotated[str, typer.Option(
         help="Hardware catalog name or JSON file; several kinds comma-separated (a100-80g-nvlink,h100-80g-nvlink).")]
