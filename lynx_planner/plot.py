@@ -117,10 +117,16 @@ def time_memory(points: list[dict], limit: int, title: str, path: Path, y: str =
     fig, ax = plt.subplots(figsize=(8, 5))
     seen = set()
     shown = [pt for pt in points if pt.get(y) is not None and pt.get("peak_memory_bytes") is not None]
+    drawn: dict[tuple[float, float], int] = {}  # markers already at a position
     for pt in shown:
-        algo = pt["algo"]
-        ax.scatter(pt["peak_memory_bytes"] / GiB, pt[y], color=ALGO_COLORS.get(algo, "#333333"), s=28,
-                   label=algo if algo not in seen else None, zorder=3)
+        algo, color = pt["algo"], ALGO_COLORS.get(pt["algo"], "#333333")
+        at = (round(pt["peak_memory_bytes"] / GiB, 3), round(pt[y], 6))
+        k = drawn.get(at, 0)
+        drawn[at] = k + 1
+        # a point on top of another (full and uniform, HEU and none at a loose limit) is a ring around it, not hidden
+        style = {"color": color, "s": 28} if k == 0 else {"facecolors": "none", "edgecolors": color,
+                                                        "s": 28 + 45 * k, "linewidths": 1.5}
+        ax.scatter(at[0], pt[y], label=algo if algo not in seen else None, zorder=3 + k, **style)
         seen.add(algo)
     xs = [pt["peak_memory_bytes"] / GiB for pt in shown] + [limit / GiB]
     ys = [pt[y] for pt in shown] or [0.0]

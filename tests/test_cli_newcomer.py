@@ -80,3 +80,19 @@ def test_timeline_legend_names_the_optimizer_step_apart_from_dp_collectives():
 
     assert _category({"tid": "dp collective", "name": "optimizer step"}) == "optimizer step"
     assert _category({"tid": "dp collective", "name": "DP grad L3"}) == "DP collective"
+
+
+def test_a_point_on_top_of_another_is_drawn_as_a_ring(monkeypatch, tmp_path):
+    """compare's full and uniform (same time, same peak) both stay visible: the second a ring around the first."""
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from lynx_planner import plot
+
+    figs = []
+    monkeypatch.setattr(plot, "_save", lambda fig, path: figs.append(fig))
+    pts = [{"algo": a, "peak_memory_bytes": 2**30, "iteration_time_s": 3.0} for a in ("full", "uniform")]
+    plot.time_memory(pts, 2 * 2**30, "t", tmp_path / "x.png")
+    marks = [c for c in figs[0].axes[0].collections if len(c.get_offsets())]
+    assert len(marks) == 2
+    assert marks[0].get_sizes()[0] < marks[1].get_sizes()[0] and len(marks[1].get_facecolors()) == 0
