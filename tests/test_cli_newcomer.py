@@ -96,3 +96,18 @@ def test_a_point_on_top_of_another_is_drawn_as_a_ring(monkeypatch, tmp_path):
     marks = [c for c in figs[0].axes[0].collections if len(c.get_offsets())]
     assert len(marks) == 2
     assert marks[0].get_sizes()[0] < marks[1].get_sizes()[0] and len(marks[1].get_facecolors()) == 0
+
+
+def test_profile_help_fits_80_columns_with_a_readable_description_column():
+    """At 80 columns the option's type stands under its name: the description column keeps ~37 characters (it
+    had 18, and 214 lines), and no word of it is split."""
+    from typer.testing import CliRunner
+
+    from lynx_planner.cli import app
+
+    text = CliRunner().invoke(app, ["profile", "--help"], env={"COLUMNS": "80", "TERM": "dumb"}).output
+    lines = text.splitlines()
+    assert len(lines) < 150 and max(len(ln) for ln in lines) <= 80
+    tp = next(ln for ln in lines if "--tp " in ln)
+    assert tp.index("Tensor-parallel") < 45
+    assert "lynx_model(batch_size=...))" in text  # whole (it was folded mid-token: 'lynx_model(batch_s' 'ize=')
