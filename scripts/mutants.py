@@ -330,6 +330,16 @@ MUTANTS: list[Mutant] = [
       what="fastest taken as the most tokens/s per GPU"),
     M("tune.py", "        return self.limit_bytes - self.row.peak_memory_bytes", "        return self.limit_bytes", TV,
       what="headroom without the peak"),
+    M("tune.py", 'return sorted(out, key=lambda sv: sv[0] != "1f1b")[:1]', "return out", CN,
+      what="tune --schedule all lists pp = 1 layouts once per schedule"),
+    M("build.py", "near = difflib.get_close_matches(model, list(MODELS), n=3, cutoff=0.6)", "near = []", CN,
+      what="model-name typo without a suggestion"),
+    M("plot.py", "k = drawn.get(at, 0)", "k = 0", CN, what="a point hidden under another"),
+    M("commands/helptext.py", "if all(isinstance(x, Text) for x in kind._cells):", "if False:", CN,
+      what="--help: an 18-character description column at 80 columns"),
+    M("validate.py", '        say(f"running {len(plans)} plan(s) in a {world}-stage gloo pipeline:',
+      '        (lambda m: None)(f"running {len(plans)} plan(s) in a {world}-stage gloo pipeline:', CN,
+      what="validate silent for tens of seconds"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 

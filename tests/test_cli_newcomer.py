@@ -111,3 +111,27 @@ def test_profile_help_fits_80_columns_with_a_readable_description_column():
     tp = next(ln for ln in lines if "--tp " in ln)
     assert tp.index("Tensor-parallel") < 45
     assert "lynx_model(batch_size=...))" in text  # whole (it was folded mid-token: 'lynx_model(batch_s' 'ize=')
+
+
+def test_validate_says_what_it_is_doing(tmp_path, monkeypatch):
+    """The dry run, then the pipeline run, each announced before it starts (the whole takes tens of seconds)."""
+    import pytest
+    import torch.multiprocessing as mp
+
+    from lynx_planner import runtime, validate
+
+    prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
+    assert lynx("profile", "examples/gpt_model.py", "--pp", "2", "-o", prof).exit_code == 0
+    assert lynx("plan", prof, "--algo", "full", "-o", plan).exit_code == 0
+    said = []
+    monkeypatch.setattr(runtime, "dry_run", lambda *a, **k: said.append("dry run ran"))
+
+    def spawn(*a, **k):
+        said.append("spawned")
+        raise mp.ProcessExitedException("stop here", 0, 1, 1)
+
+    monkeypatch.setattr(mp, "spawn", spawn)
+    with pytest.raises(Exception):
+        validate.run([str(plan)], "examples/gpt_model.py", repeats=1, warmup=0, progress=said.append)
+    assert said[0].startswith(f"checking {plan} against examples/gpt_model.py") and said[1] == "dry run ran"
+    assert said[2].startswith("running 1 plan(s) in a 2-stage gloo pipeline") and said[3] == "spawned"
