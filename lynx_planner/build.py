@@ -41,8 +41,12 @@ def model_spec(model: str):
                              "; ".join(f"{'.'.join(map(str, x['loc'])) or 'model'}: "
                                        f"{x['msg'].removeprefix('Value error, ')}" for x in e.errors()[:5])) from None
     if model not in MODELS:
-        raise InputError(f"MODEL: unknown model {model!r} (expected one of {', '.join(MODELS)}, a config.json, a "
-                         "lynx model JSON, or a .py file that builds a PyTorch model)")
+        import difflib
+
+        near = difflib.get_close_matches(model, list(MODELS), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        raise InputError(f"MODEL: unknown model {model!r} ({hint}`lynx models` lists the catalog; a config.json, a "
+                         "lynx model JSON or a .py file that builds a PyTorch model work too)")
     return as_spec(MODELS[model])
 
 

@@ -100,8 +100,8 @@ def command(name: str, **kwargs: Any) -> Callable:
 def profile_cmd(
     model: Annotated[str, typer.Argument(
         metavar="MODEL",
-        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b) or the path of a .py file that builds a "
-             "PyTorch model.")],
+        help="A catalog name (`lynx models`: gpt-1.3b ... gpt-175b, llama3-8b, mixtral-8x7b, ...), a Hugging Face "
+             "config.json, a lynx model JSON, or the path of a .py file that builds a PyTorch model.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the profile JSON.")],
     hardware: Annotated[str, typer.Option(
         help="Hardware catalog name (`lynx hardware`) or a JSON file of the Hardware schema.")] = DEFAULT_HARDWARE,
@@ -145,7 +145,7 @@ def profile_cmd(
         min=1, show_default="5", help="--method measure: timed runs per block type (after 2 warm-up runs).")] = None,
     schedule: Annotated[Schedule, typer.Option(metavar="SCHEDULE", help=helptext.SCHEDULE)] = Schedule("1f1b"),
     virtual_stages: Annotated[int, typer.Option(
-        min=1, help="Model chunks per pipeline rank (Megatron's --virtual-pipeline-model-parallel-size): >= 2 for "
+        min=1, help="Model chunks per pipeline rank (Megatron-LM's --num-virtual-stages-per-pipeline-rank): >= 2 for "
                     "interleaved-1f1b, any for zero-bubble, 1 otherwise.")] = 1,
     distributed_optimizer: DistributedOptimizer = DISTRIBUTED_OPTIMIZER,
     overlap_grad_reduce: Annotated[bool, typer.Option(
@@ -320,14 +320,16 @@ def bench_cmd(
 @command("tune")
 def tune_cmd(
     model: Annotated[str, typer.Argument(
-        metavar="MODEL", help="A catalog name (`lynx models`) or the path of a .py file that builds a PyTorch model.")],
+        metavar="MODEL", help="A catalog name (`lynx models`), a Hugging Face config.json, a lynx model JSON, or the "
+                              "path of a .py file that builds a PyTorch model.")],
     global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Sequences per iteration.")],
     hardware: Annotated[str, typer.Option(
         help="Hardware catalog name or JSON file; several kinds comma-separated (a100-80g-nvlink,h100-80g-nvlink).")]
     = DEFAULT_HARDWARE,
-    gpus: Annotated[Optional[int], typer.Option(
-        "--gpus", min=1, show_default="per kind, the fewest that fit and a few sizes above",
-        help="Number of GPUs.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(
+        "--gpus", metavar="N|N,M,...|LO-HI", show_default="per kind, the fewest that fit and a few sizes above",
+        help="Number of GPUs; a list (32,64,128) or a range of powers of two (32-256) ends with the fastest "
+             "configuration and the one with the fewest GPU-hours across all types and counts.")] = None,
     seq_len: Annotated[int, typer.Option(min=1, help="Sequence length in tokens.")] = 2048,
     memory_limit: MemoryLimit = None,
     time_limit: Annotated[Optional[float], typer.Option(

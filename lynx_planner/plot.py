@@ -11,7 +11,7 @@ from .io import InputError, write_atomic
 GiB = 2**30
 COLORS = {"forward": "#4C72B0", "backward": "#55A868", "exposed recompute": "#C44E52",
           "hidden recompute": "#DD8452", "TP collective": "#8C8C8C", "DP collective": "#8172B3",
-          "CP exchange": "#937860"}
+          "CP exchange": "#937860", "optimizer step": "#DA8BC3"}
 ALGO_COLORS = {"heu": "#C44E52", "opt": "#8172B3", "full": "#4C72B0", "selective": "#55A868", "block": "#DD8452",
                "uniform": "#937860", "none": "#8C8C8C", "checkmate": "#DA8BC3", "adapipe": "#64B5CD"}
 
@@ -46,13 +46,15 @@ def _category(event: dict) -> str | None:
         if name.startswith("R "):
             return "exposed recompute"
         return "forward" if name.startswith("F ") else "backward"
+    if tid == "dp collective" and not name.startswith("DP "):  # the optimizer step, also at dp 1
+        return "optimizer step"
     return {"tp collective": "TP collective", "recompute (side)": "hidden recompute",
             "dp collective": "DP collective", "cp exchange": "CP exchange"}.get(tid)
 
 
 # Where each category sits inside a stage's row (bottom, height), the row spanning [s - 0.45, s + 0.45].
 _LANES = {"forward": (-0.15, 0.5), "backward": (-0.15, 0.5), "exposed recompute": (-0.15, 0.5),
-          "TP collective": (-0.42, 0.22), "DP collective": (-0.42, 0.22),
+          "TP collective": (-0.42, 0.22), "DP collective": (-0.42, 0.22), "optimizer step": (-0.42, 0.22),
           "CP exchange": (-0.42, 0.22), "hidden recompute": (0.37, 0.08)}
 
 
@@ -115,10 +117,16 @@ def time_memory(points: list[dict], limit: int, title: str, path: Path, y: str =
     fig, ax = plt.subplots(figsize=(8, 5))
     seen = set()
     shown = [pt for pt in points if pt.get(y) is not None and pt.get("peak_memory_bytes") is not None]
+    drawn: dict[tuple[float, float], int] = {}  # markers already at a position
     for pt in shown:
-        algo = pt["algo"]
-        ax.scatter(pt["peak_memory_bytes"] / GiB, pt[y], color=ALGO_COLORS.get(algo, "#333333"), s=28,
-                   label=algo if algo not in seen else None, zorder=3)
+        algo, color = pt["algo"], ALGO_COLORS.get(pt["algo"], "#333333")
+        at = (round(pt["peak_memory_bytes"] / GiB, 3), round(pt[y], 6))
+        k = drawn.get(at, 0)
+        drawn[at] = k + 1
+        # a point on top of another (full and uniform, HEU and none at a loose limit) is a ring around it, not hidden
+        style = {"color": color, "s": 28} if k == 0 else {"facecolors": "none", "edgecolors": color,
+                                                        "s": 28 + 45 * k, "linewidths": 1.5}
+        ax.scatter(at[0], pt[y], label=algo if algo not in seen else None, zorder=3 + k, **style)
         seen.add(algo)
     xs = [pt["peak_memory_bytes"] / GiB for pt in shown] + [limit / GiB]
     ys = [pt[y] for pt in shown] or [0.0]

@@ -256,6 +256,10 @@ class Layer(_Model):
     name: str = Field(description="module path in the model, e.g. 'layers.3'")
     params: int = Field(ge=0, description="parameters on one rank")
     static_bytes: int = Field(ge=0, description="weights, gradients and optimizer state on one rank")
+    # Of `params`, the routed experts' (MoE with expert parallelism): replicated over dp / ep ranks only (expert data
+    # parallelism), so reduced and stepped there. Left out of the JSON at 0, so older profiles keep their bytes.
+    expert_params: int = Field(0, ge=0, exclude_if=lambda v: v == 0,
+                               description="of params, routed-expert parameters (their DP group is dp / ep ranks)")
 
 
 class ModelInfo(_Model):

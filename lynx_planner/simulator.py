@@ -884,8 +884,9 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     if par.dp * par.cp == 1 and not par.optimizer_step:
         return
     bus = streams.bus(profile, "dp")
+    expert_bus = costs.group_link(hw, par.dp * par.cp // par.ep, par.tp * par.ep)  # expert-DP: ranks tp x ep apart
     p = len(stage_layers)
-    tied = next((l.params for l in profile.layers if l.block == "embedding"), 0)  # the word embedding (+ positions)
+    tied = tied_embedding_params(profile)
 
     def event(s: int, name: str, start: float, dur: float) -> None:
         if events is not None and dur > 0:
@@ -899,7 +900,8 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             ready_at.append(ready if par.overlap_grad_reduce else r.end_s)
             ready -= sum(run.bwd)
         params = [profile.layers[run.index].params for run in runs]
-        sync = streams.grad_sync_s(profile, params)  # per layer, bottom up
+        experts = [profile.layers[run.index].expert_params for run in runs]
+        sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
         t = 0.0
         for run, dt, at in zip(reversed(runs), reversed(sync), reversed(ready_at)):
             start = max(t, at)
@@ -912,22 +914,35 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
             t += copies
         if par.optimizer_step:
             ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
-            step = optimizer_step_s(profile, sum(params), tied if ends else 0, p)
+            step = optimizer_step_s(profile, sum(params), tied if ends else 0, p, sum(experts))
             event(s, "optimizer step", t, step)
             t += step
         if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
-            gather = costs.all_gather_s(PARAM_BYTES * sum(params), par.dp * par.cp, bus)
+            gather = costs.all_gather_s(PARAM_BYTES * (sum(params) - sum(experts)), par.dp * par.cp, bus)
+            if sum(experts):
+                gather += costs.all_gather_s(PARAM_BYTES * sum(experts), par.dp * par.cp // par.ep, expert_bus)
             event(s, "DP param all-gather", t, gather)
             t += gather
         r.grad_reduce_exposed_s = max(0.0, t - r.end_s)
         r.end_s = t
 
 
-def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages: int = 1) -> float:
+def tied_embedding_params(profile: Profile) -> int:
+    """Parameters (this rank's) of the word embedding the output layer shares, whose gradients the first and last
+    stage all-reduce: the GPT family's `embedding` block (always tied, with its positions), or the first layer of a
+    model whose config ties them (the HF families' tie_word_embeddings)."""
+    if profile.model.config.get("tie_embeddings") and profile.layers:
+        return profile.layers[0].params
+    return next((l.params for l in profile.layers if l.block == "embedding"), 0)
+
+
+def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages: int = 1,
+                     expert_params: int = 0) -> float:
     """The end of an iteration on a stage holding `params` parameters (this rank's): the all-reduce of the tied word
     embedding's gradients between the first and last stage (`tied_params`), the gradient norm (one number
     all-reduced over all ranks), clipping and the Adam step on this rank's share (its DP shard with the distributed
-    optimizer)."""
+    optimizer; the routed experts among them, `expert_params`, sharded over their dp / ep replicas, as memory
+    holds them)."""
     par, hw = profile.parallel, profile.hardware
     t = 0.0
     if tied_params:
@@ -936,4 +951,6 @@ def optimizer_step_s(profile: Profile, params: int, tied_params: int = 0, stages
     ranks = par.tp * par.dp * stages
     t += costs.all_reduce_s(4, ranks, costs.link(hw, ranks))
     per_param = OPTIMIZER_BYTES_PER_PARAM + (0 if par.grad_reduce_in_fp32 else FP16_GRAD_STEP_BYTES_PER_PARAM)
-    return t + costs.memory_s(per_param * params / optimizer_shards(par), hw)
+    shards = optimizer_shards(par)
+    expert_shards = max(1, shards // par.ep)  # the routed experts: sharded over their dp / ep replicas
+    return t + costs.memory_s(per_param * ((params - expert_params) / shards + expert_params / expert_shards), hw)

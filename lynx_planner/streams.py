@@ -182,19 +182,23 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     return out
 
 
-def grad_sync_s(profile: Profile, params: list[int], bottom_first: bool = True) -> list[float]:
+def grad_sync_s(profile: Profile, params: list[int], experts: list[int] | None = None,
+                bottom_first: bool = True) -> list[float]:
     """The DP stream's gradient reduction at the iteration's end, per layer of a rank (bottom up): an all-reduce (a
-    reduce-scatter with the distributed optimizer) over the dp x cp ranks; under FSDP only the lowest layer's
-    reduce-scatter is left (the others ran in the backward's waits, layer_waits)."""
+    reduce-scatter with the distributed optimizer) over the dp x cp ranks, a layer's routed experts (`experts`, of its
+    `params`) over their dp x cp / ep replicas only; under FSDP only the lowest layer's reduce-scatter is left (the
+    others ran in the backward's waits, layer_waits)."""
     par = profile.parallel
     if par.fsdp:
         shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
         return [fsdp.reduce_scatter_s(n, par, shard, rep) if j == 0 else 0.0 for j, n in enumerate(params)]
     from .simulator import grad_bytes  # the gradient element size (fp32 main grads, or 16-bit)
 
-    b, n = bus(profile, "dp"), par.dp * par.cp
+    b, n, g = bus(profile, "dp"), par.dp * par.cp, grad_bytes(profile)
+    eb, en = costs.group_link(profile.hardware, n // par.ep, par.tp * par.ep), n // par.ep  # ranks tp x ep apart
     per = costs.all_gather_s if par.distributed_optimizer else costs.all_reduce_s
-    return [per(grad_bytes(profile) * p, n, b) for p in params]
+    return [per(g * (p - e), n, b) + (per(g * e, en, eb) if e else 0.0)
+            for p, e in zip(params, experts or [0] * len(params))]
 
 
 # --------------------------------------------------------------------------------------------------- placements

@@ -214,6 +214,8 @@ def pipeline_schedules(names: tuple[str, ...], pp: int, m: int, num_layers: int,
             if (v == 1 or num_layers % (pp * v) == 0) and schedules.problem(name, pp, v, m) is None and \
                     pp * v <= num_layers:
                 out.append((name, v))
+    if pp == 1:  # one stage: no bubble to fill, and 1F1B's order (gradient accumulation) holds the fewest
+        return sorted(out, key=lambda sv: sv[0] != "1f1b")[:1]  # micro-batches: one row, not one per schedule
     return out
 
 
@@ -257,6 +259,27 @@ def layouts(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: 
     return out
 
 
+def option_reason(gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None, seq_len: int,
+                  names: tuple[str, ...], virtual: int | None, experts: int, ep: int | None) -> str | None:
+    """Where `--ep` or `--virtual-stages` alone leaves no layout (there are some without it): why, naming it."""
+    if ep is not None:
+        some = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, experts)
+        if some:
+            sizes = sorted({lay.ep for lay in some})
+            what = ("the model has no experts (--ep 1 only)" if not experts else
+                    f"EP must divide the model's {experts} experts and a layout's data-parallel size; here: "
+                    f"{', '.join(map(str, sizes))}")
+            return f"--ep {ep}: no layout has it: {what}"
+    if virtual is not None:
+        some = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, None, experts, ep)
+        if some:
+            counts = sorted({lay.virtual_stages for lay in some})
+            return (f"--virtual-stages {virtual}: no layout has it (the {num_layers} layers must split evenly over "
+                    f"pp x {virtual} chunks, pp > 1, and the schedule must accept it); possible here: "
+                    f"{', '.join(map(str, counts))}")
+    return None
+
+
 def no_layout_reason(model: str, gpus: int, hw: Hardware, global_batch: int, num_layers: int, heads: int | None
                      ) -> str:
     """Why `layouts` found nothing, naming the option to change."""
@@ -289,7 +312,8 @@ def balanced_ideal_s(profile: Profile) -> float:
     bubble = 0.0 if schedules.get(par.schedule).splits_backward else (p - 1) / par.virtual_stages
     step = 0.0
     if par.optimizer_step:
-        step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p)
+        step = optimizer_step_s(profile, sum(layer.params for layer in profile.layers) // p, 0, p,
+                                sum(layer.expert_params for layer in profile.layers) // p)
     return (m + bubble) * work / p + step
 
 
@@ -422,7 +446,9 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     found = layouts(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual, model_experts(model), ep,
                     profiles.search, is_model_file(model))
     if not found:
-        raise InputError(no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
+        raise InputError(option_reason(gpus, hw, global_batch, num_layers, heads, seq_len, names, virtual,
+                                       model_experts(model), ep)
+                         or no_layout_reason(model, gpus, hw, global_batch, num_layers, heads))
     for lay in found:
         if time_limit is not None and time.perf_counter() - t0 > time_limit:
             hit = True  # profiling every layout of a huge search can itself take long
@@ -598,3 +624,69 @@ def size_up(model: str, hw: Hardware, global_batch: int, seq_len: int = 2048, me
                                     distributed_optimizer=distributed_optimizer, profiles=profiles,
                                     progress=progress, make_plan=False)))
     return Sizing(hw.name, fewest, results)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# which GPUs, how many: one answer across GPU types and counts
+
+MAX_GPU_COUNTS = 16  # counts one `--gpus` list or range may name (each is a full search per GPU type)
+
+
+def gpu_counts(text: str) -> list[int]:
+    """`--gpus`: one count (64), a list (32,64,128), or a range lo-hi (32-256: the powers of two from lo to hi,
+    the counts `lynx tune` sizes up over), in increasing order without repeats."""
+    text = str(text).strip()
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts, n = [], 1
+            while n <= hi and len(counts) <= MAX_GPU_COUNTS:
+                if n >= lo:
+                    counts.append(n)
+                n *= 2
+            if not counts:
+                raise InputError(f"--gpus: {text}: no power of two between {lo} and {hi} (name the counts: "
+                                 f"{lo},{hi})")
+        else:
+            counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--gpus: {text!r} is not a count, a list (32,64,128) or a range (32-256)") from None
+    if not counts or min(counts) < 1:
+        raise InputError(f"--gpus: {text!r}: counts must be at least 1")
+    counts = sorted(set(counts))
+    if len(counts) > MAX_GPU_COUNTS:
+        raise InputError(f"--gpus: {text!r} names {len(counts)} counts; at most {MAX_GPU_COUNTS} (each is a search)")
+    return counts
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best configuration of one GPU type at one GPU count, as a verdict weighs it."""
+
+    hardware: str
+    gpus: int
+    row: Row
+    limit_bytes: int  # the memory limit the search planned to
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours one iteration takes: GPUs x iteration time."""
+        return self.gpus * self.row.iteration_time_s / 3600
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.limit_bytes - self.row.peak_memory_bytes
+
+
+def verdicts(choices: list[Choice]) -> tuple[Choice, Choice] | None:
+    """(fastest, cheapest) across GPU types and counts: the shortest iteration (the most tokens per second: all
+    choices train the same global batch), and the fewest GPU-hours per iteration (the most tokens per GPU-hour).
+    Ties: fewer GPUs, then the type's name. None when nothing fits anywhere."""
+    fit = [c for c in choices if c.row.fits]
+    if not fit:
+        return None
+    fastest = min(fit, key=lambda c: (c.row.iteration_time_s, c.gpus, c.hardware))
+    cheapest = min(fit, key=lambda c: (c.gpu_hours, c.row.iteration_time_s, c.hardware))
+    return fastest, cheapest

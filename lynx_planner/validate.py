@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -302,9 +303,12 @@ def _free_port() -> int:
 
 
 def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 2,
-        threads: int | None = None) -> list[PlanRun]:
-    """Validate plans of one model (same pipeline depth) in one job; returns per plan the measured repeats."""
+        threads: int | None = None, progress: Callable[[str], None] | None = None) -> list[PlanRun]:
+    """Validate plans of one model (same pipeline depth) in one job; returns per plan the measured repeats.
+    `progress` hears what it is doing (the run takes tens of seconds)."""
     from .runtime import dry_run
+
+    say = progress or (lambda message: None)
 
     plans = [load_model(p, Plan) for p in plan_paths]
     profiles = [_profile_of(plan, path) for plan, path in zip(plans, plan_paths)]
@@ -325,6 +329,7 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
     if any(plan.parallel.tp != 1 or plan.parallel.dp != 1 for plan in plans):
         raise InputError("validate runs pipeline parallelism (tp = dp = 1) or FSDP data parallelism (--fsdp, pp = 1)")
     for path in plan_paths:
+        say(f"checking {path} against {model_path} (one training step with the plan applied)")
         dry_run(path, model_path)  # the plan fits the model file and its profile
     profile = profiles[0]
     threads = threads or int(profile.model.config.get("threads", 0) or 0) or 1
@@ -339,6 +344,8 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
 
         # its 'Terminating process ... via signal SIGTERM' when one stage failed: the failure is reported below
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+        say(f"running {len(plans)} plan(s) in a {world}-stage gloo pipeline: {warmup} warm-up and {repeats} "
+            "measured iterations each")
         try:
             mp.spawn(_worker, args=(world, _free_port(), [str(p) for p in plan_paths],
                                     str(Path(model_path).resolve()), repeats, warmup, threads, dtype, out_dir),

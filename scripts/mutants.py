@@ -5,6 +5,7 @@ its tests, and add a line to MUTANTS for each bug a test of yours is meant to ca
     python scripts/mutants.py                 # every mutant
     python scripts/mutants.py tune export     # those whose file or name contains one of these words
     python scripts/mutants.py --list          # the table of mutants without running them
+    python scripts/mutants.py --last 37       # the 37 added last (issue 31's)
 
 A mutant is (file, original text, replacement, test files). The original must occur exactly once in the file (so a
 refactor that moves or rewrites the line shows up as `stale`, not as a silent pass). The file is restored after each
@@ -47,6 +48,13 @@ B = "test_bite.py"  # this round's mutation-killing tests
 BI = "test_bad_input_bounds.py"  # this round's bad-input guards
 BM = "test_bite_more.py"  # the tests for the three mutants test_bite.py left alive
 W = "test_cli_wiring.py"  # the command line's wiring and terminal leftovers
+EB = "test_exports_and_bounds.py"  # issue 31: exports through the CLI, tune's bound per schedule
+DE = "test_dp_experts.py"  # issue 31: experts' and tied embeddings' end of iteration
+RR = "test_runtime_refusals.py"  # issue 31: the runtime's module-tree checks
+BC = "test_bad_model_configs.py"  # issue 31: bad config.json / model JSON
+CN = "test_cli_newcomer.py"  # issue 31: the command line a new user meets
+TV = "test_tune_verdicts.py"  # issue 31: which GPUs, how many
+MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
 MUTANTS: list[Mutant] = [
@@ -62,7 +70,7 @@ MUTANTS: list[Mutant] = [
       what="HEU planned by Megatron's bar"),
     M("tune.py", "MICRO_BATCH_SIZES = (1, 2, 4, 8)", "MICRO_BATCH_SIZES = (1, 2, 4)", B, "test_tune.py",
       what="micro-batch sizes without 8"),
-    M("tune.py", "return (m + p - 1) * work / p", "return m * work / p", B, "test_tune.py",
+    M("tune.py", "return (m + bubble) * work / p + step", "return m * work / p + step", B, "test_tune.py",
       what="balanced ideal m*W/p"),
     M("tune.py", 'layers = [l.model_copy(update={"static_bytes": int(l.params * bpp)}) for l in base.layers]',
       "layers = list(base.layers)", B, "test_tune.py", what="optimizer bytes not re-sharded for model files"),
@@ -110,12 +118,12 @@ MUTANTS: list[Mutant] = [
       what="predicted backward without exposed recompute"),
     M("validate.py", 'pr.iterations_s = [max(per_rank[r][i]["iterations"][k]',
       'pr.iterations_s = [min(per_rank[r][i]["iterations"][k]', B, what="iteration = min over ranks"),
-    M("validate.py", "kept = sum(r.kept_bytes for r in runs) * simulator.in_flight(",
-      "kept = sum(r.kept_bytes for r in runs) * 1 or simulator.in_flight(", B, what="kept bytes not x in-flight"),
+    M("validate.py", "            held += kept[c]\n", "            held = kept[c]\n", B,
+      what="kept bytes not x in-flight"),
     # simulator.py (DP)
     M("simulator.py", "ready -= sum(run.bwd)", "ready -= sum(run.bwd[0::2])", B, "test_dp.py",
       what="DP grads ready ignoring TP idle"),
-    M("simulator.py", "bus = costs.link(hw, par.tp * par.dp)", "bus = costs.link(hw, par.dp)", B, "test_dp.py",
+    M("simulator.py", "bus = costs.group_link(hw, par.dp, par.tp)", "bus = costs.link(hw, par.dp)", B, "test_dp.py",
       what="DP bus over dp, not tp*dp"),
     # solvers
     M("solvers/heu.py", "POOL_PRICES = (0.0, 0.5)", "POOL_PRICES = (0.0,)", B, "test_solvers.py",
@@ -177,7 +185,7 @@ MUTANTS: list[Mutant] = [
       "test_moe_ep.py", what="expert params not divided by ep"),
     M("analytic/mlp.py", "costs.link(ops.hw, par.tp * ep)", "costs.link(ops.hw, ep)", "test_moe_ep.py",
       what="all-to-all link chosen from ep, not tp x ep"),
-    M("schedules/interleaved.py", "+ 2 * (p - 1 - rank), total)", "+ (p - 1 - rank), total)", "test_schedules.py",
+    M("schedules/interleaved.py", "+ 2 * (p - 1 - rank), m * v)", "+ (p - 1 - rank), m * v)", "test_schedules.py",
       what="interleaved warm-up 2(p-1-r) -> (p-1-r)"),
     M("schedules/zero_bubble.py", "        if j >= rank:", "        if j > rank:", "test_schedules.py",
       what="zero-bubble W after B: j >= rank -> j > rank"),
@@ -192,7 +200,8 @@ MUTANTS: list[Mutant] = [
     M("solvers/heu.py", "e <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s",
       "False and c.rec_s < frontier[-1].cand.rec_s", "test_candidates_scale.py",
       what="HEU frontier tie rule (less recomputation) removed"),
-    M("costs.py", "(_gemm_shape_s(m, n, k, hw) + _gemm_shape_s(k, m, n, hw))", "(2 * _gemm_shape_s(m, k, n, hw))",
+    M("costs.py", "(_gemm_shape_s(m, n, k, hw, batch) + _gemm_shape_s(k, m, n, hw, batch))",
+      "(2 * _gemm_shape_s(m, k, n, hw, batch))",
       "test_accuracy.py", what="gemm backward priced at the forward's shape"),
     M("runtime/routing.py", "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in names)",
       "out.update(make_id(f\"{prefix}{n}{dot}{sub}\", name, occurrence) for n in [expert])",
@@ -225,8 +234,112 @@ MUTANTS: list[Mutant] = [
       what="a frontier built after the deadline keeps the full step cap"),
     M("solvers/candidates.py", "work > work_cap or (step_cap is not None and size > step_cap) or _late()",
       "work > work_cap or _late()", "test_candidates_scale.py", what="exact try ignores its step cap"),
-    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_candidates_scale.py",
+    M("solvers/heu.py", "max_rounds: int = 32):", "max_rounds: int = 8):", "test_heu_repair.py", "test_candidates_scale.py",
       what="HEU repair gives up after 8 rounds (infeasible on an autocast MoE at the upper limit)"),
+    # issue 31: the HF families' arithmetic against independent derivations (tests/test_modern_arithmetic.py)
+    M("analytic/attention.py", "fwd = costs.attention_s(flops / 2, ops.hw, per_head_flops=flops / 2 / (b * heads))",
+      "fwd = costs.attention_s(flops, ops.hw, per_head_flops=flops / (b * heads))", MA,
+      what="HF attention priced non-causal"),
+    M("analytic/mlp.py", "h, nk, f, ep = spec.hidden, n * m.top_k, m.expert_ffn // par.tp, par.ep",
+      "h, nk, f, ep = spec.hidden, n * m.top_k, m.expert_ffn, par.ep", MA, what="expert GEMMs not split by TP"),
+    M("analytic/mlp.py", 'shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn // t, src, ln)',
+      'shared = swiglu(ops, None, "mlp.shared_expert", n, h, m.shared_ffn, src, ln)', MA,
+      what="Qwen2-MoE shared-expert GEMMs not split by TP"),
+    M("analytic/mlp.py", 'swiglu(ops, None, "mlp.shared_experts", n, h, m.shared_ffn // t, src, ln)',
+      'swiglu(ops, None, "mlp.shared_experts", n, h, m.shared_ffn, src, ln)', MA,
+      what="DeepSeek shared-expert GEMMs not split by TP"),
+    M("analytic/mlp.py", "a2a = costs.all_to_all_s(ACT * nk * h, ep,", "a2a = costs.all_to_all_s(ACT * n * h, ep,", MA,
+      what="EP all-to-all moves tokens, not tokens x top-k"),
+    M("analytic/decoder.py", "other = m.experts * h + 3 * h * m.shared_ffn // t + (h if m.shared_gate else 0)",
+      "other = m.experts * h + 3 * h * m.shared_ffn + (h if m.shared_gate else 0)", MA,
+      what="shared-expert params not split by TP"),
+    M("analytic/decoder.py", "return attn + spec.dense_mlp_params() // t + norms, 0",
+      "return attn + spec.dense_mlp_params() + norms, 0", MA, what="dense MLP params not split by TP"),
+    M("analytic/decoder.py", "attn = replicated + split // t", "attn = (replicated + split) // t", MA,
+      what="MLA's replicated down-projections split by TP"),
+    M("analytic/decoder.py", "m.experts * 3 * h * m.expert_ffn // (t * par.ep)", "m.experts * 3 * h * m.expert_ffn // par.ep",
+      MA, what="expert params not split by TP"),
+    M("analytic/decoder.py", "    n_loc = n // par.tp if par.sequence_parallel else n\n    ops = _OpList(hw)\n    tp = _TP(",
+      "    n_loc = n\n    ops = _OpList(hw)\n    tp = _TP(", MA, what="norms and residuals not split under SP"),
+    M("analytic/decoder.py", "v * h // t if not spec.tie_embeddings or par.pp > 1 else 0",
+      "v * h // t if not spec.tie_embeddings else 0", MA, what="tied head without weights on the last stage"),
+    M("models/spec.py", "(3 * h * m.shared_ffn if m.shared_ffn else 0) + (h if m.shared_gate else 0)",
+      "(3 * h * m.shared_ffn if m.shared_ffn else 0)", MA, what="Qwen2-MoE shared-expert gate not counted"),
+    M("models/spec.py", "inactive * (self.num_layers - self.moe.dense_layers)", "inactive * self.num_layers", MA,
+      what="DeepSeek's dense layers counted as MoE in active params"),
+    M("models/spec.py", 'head = 0 if self.tie_embeddings or self.family == "gpt" else v * h',
+      'head = 0 if self.family == "gpt" else v * h', MA, what="tied embeddings counted twice"),
+    # issue 31: exports through the CLI, tune's bound per schedule (tests/test_exports_and_bounds.py)
+    M("tune.py", "bubble = 0.0 if schedules.get(par.schedule).splits_backward else (p - 1) / par.virtual_stages",
+      "bubble = (p - 1) / par.virtual_stages", EB, B, what="tune's zero-bubble bound charges a bubble"),
+    M("export.py", '    if par.ep > 1:\n        flags.append(f"--expert-model-parallel-size {par.ep}")',
+      '    if False:\n        flags.append(f"--expert-model-parallel-size {par.ep}")', EB,
+      what="Megatron export drops --expert-model-parallel-size"),
+    M("export.py", "flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)",
+      "flags += split_flags(profile, bounds)", EB, what="Megatron export drops the virtual-stage flags"),
+    M("export.py", "    if schedules.get(par.schedule).splits_backward:\n        notes.append(",
+      "    if False:\n        notes.append(", EB, what="Megatron export drops the zero-bubble warning"),
+    M("export.py", '"pipeline_parallel_schedule": schedules.get(par.schedule).torchtitan,',
+      '"pipeline_parallel_schedule": "1F1B",', EB, what="torchtitan export always 1F1B"),
+    # issue 31: the end of the iteration for experts and tied embeddings (tests/test_dp_experts.py)
+    M("simulator.py", "dt += _reduce_s(profile, grad_bytes(profile) * e, par.dp // par.ep, expert_bus)",
+      "dt += _reduce_s(profile, grad_bytes(profile) * e, par.dp, bus)", DE,
+      what="expert gradients reduced over dp, not dp / ep"),
+    M("simulator.py", "shards = (par.dp, par.dp // par.ep) if", "shards = (par.dp, par.dp) if", DE,
+      what="expert optimizer step sharded over dp, not dp / ep"),
+    M("simulator.py", 'if profile.model.config.get("tie_embeddings") and profile.layers:', "if False:", DE,
+      what="tied all-reduce only for a block named embedding"),
+    # issue 31: the runtime's names and module tree (tests/test_runtime_refusals.py; test_names.py needs torchtitan)
+    M("runtime/names.py", 'if path is None and mode != "none":', "if False:", RR,
+      what="a recomputing layer without a counterpart silently skipped"),
+    M("runtime/names.py", "if kept and len(kept) < 3:", "if False:", "test_names.py",
+      what="fused-QKV partial keeps not refused"),
+    M("runtime/names.py", 'table.update({roles[r][0]: _FUSED_QKV for r in ("q", "k", "v")})', "pass",
+      "test_names.py", what="q/k/v not translated to the fused QKV GEMM"),
+    M("runtime/routing.py", "any(p.dim() == 3 for p in m.parameters(recurse=False))",
+      "any(p.dim() == 4 for p in m.parameters(recurse=False))", RR, what="fused (3-D weight) experts not detected"),
+    M("runtime/routing.py", "if _identical([c for _, c in m.named_children()]) and any(True for _ in m.parameters()):",
+      "if any(True for _ in m.parameters()):", RR, what="any ModuleList taken as identical experts"),
+    M("runtime/conflicts.py", "any(isinstance(m, wrapper) for m in [*outer[1:], *inside])",
+      "any(isinstance(m, wrapper) for m in inside)", RR, what="checkpoint_wrapper around a layer not detected"),
+    # issue 31: config.json fields named, sizes bounded, MLP options refused (tests/test_bad_model_configs.py)
+    M("models/hf_config.py", '    if mt in ("llama", "mistral") and f.get("mlp_bias", False, bool):',
+      '    if False:', BC, what="mlp_bias silently ignored"),
+    M("models/hf_config.py", 'if f.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):',
+      'if f.get("decoder_sparse_step", 1) != 1:', BC, what="mlp_only_layers silently ignored"),
+    M("models/hf_config.py", "if kind is int and v == 0 and key not in _MAY_BE_ZERO:", "if False:", BC,
+      what="a zero size named by lynx's field, not the config's"),
+    M("models/hf_config.py", "if kind is int and v > _MOST.get(key, MAX_WIDTH):", "if False:", BC,
+      what="config sizes unbounded (10^9 layers)"),
+    M("models/spec.py", "MAX_LAYERS = 1024", "MAX_LAYERS = 10**9", BC, what="model JSON layers unbounded"),
+    # issue 31: what a new user meets on the command line (tests/test_cli_newcomer.py)
+    M("tune.py", "        raise InputError(option_reason(gpus, hw, global_batch,",
+      "        raise InputError((lambda *a: None)(gpus, hw, global_batch,", CN, what="tune --ep 3 blames --global-batch"),
+    M("commands/options.py", 'if option == "--memory-limit" and value < MIN_MEMORY_LIMIT:', "if False:", CN,
+      what="--memory-limit 16 taken as 16 bytes"),
+    M("commands/terminal.py", "out.on_broken_pipe = silence_stdout", "pass", CN,
+      what="| head -1: exit 1 and no file"),
+    M("commands/terminal.py", "disable=disable or not err.is_terminal)", "disable=disable)", CN,
+      what="piped stderr starts with an empty line"),
+    # issue 31: which GPUs, how many (tests/test_tune_verdicts.py)
+    M("tune.py", "cheapest = min(fit, key=lambda c: (c.gpu_hours, c.row.iteration_time_s, c.hardware))",
+      "cheapest = min(fit, key=lambda c: (c.row.iteration_time_s / c.gpus, c.hardware))", TV,
+      what="fewest GPU-hours taken as time per GPU"),
+    M("tune.py", "fastest = min(fit, key=lambda c: (c.row.iteration_time_s, c.gpus, c.hardware))",
+      "fastest = max(fit, key=lambda c: (c.row.tokens_per_s_per_gpu, c.gpus, c.hardware))", TV,
+      what="fastest taken as the most tokens/s per GPU"),
+    M("tune.py", "        return self.limit_bytes - self.row.peak_memory_bytes", "        return self.limit_bytes", TV,
+      what="headroom without the peak"),
+    M("tune.py", 'return sorted(out, key=lambda sv: sv[0] != "1f1b")[:1]', "return out", CN,
+      what="tune --schedule all lists pp = 1 layouts once per schedule"),
+    M("build.py", "near = difflib.get_close_matches(model, list(MODELS), n=3, cutoff=0.6)", "near = []", CN,
+      what="model-name typo without a suggestion"),
+    M("plot.py", "k = drawn.get(at, 0)", "k = 0", CN, what="a point hidden under another"),
+    M("commands/helptext.py", "if all(isinstance(x, Text) for x in kind._cells):", "if False:", CN,
+      what="--help: an 18-character description column at 80 columns"),
+    M("validate.py", '        say(f"running {len(plans)} plan(s) in a {world}-stage gloo pipeline:',
+      '        (lambda m: None)(f"running {len(plans)} plan(s) in a {world}-stage gloo pipeline:', CN,
+      what="validate silent for tens of seconds"),
     # add yours here: M("file.py", "original line", "bug", "test_x.py", what="...")
 ]
 
@@ -291,12 +404,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("select", nargs="*", help="run the mutants whose file or description contains one of these")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    ap.add_argument("--last", type=int, default=0, help="only the last N mutants of the table (those added last)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's test run (then: caught)")
     ap.add_argument("--in-place", action="store_true", help="mutate this checkout instead of a scratch copy")
     args = ap.parse_args()
     restore_leftovers(ROOT)
     root = ROOT if args.in_place or args.list else scratch_copy()
-    chosen = [m for m in MUTANTS if not args.select or any(w in m.file or w in m.what for w in args.select)]
+    pool = MUTANTS[-args.last:] if args.last else MUTANTS
+    chosen = [m for m in pool if not args.select or any(w in m.file or w in m.what for w in args.select)]
     print("| # | file | bug | tests | outcome | caught by | s |")
     print("|---|---|---|---|---|---|---|")
     counts: dict[str, int] = {}

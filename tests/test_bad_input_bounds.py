@@ -116,15 +116,16 @@ def test_export_precision_flag_follows_the_profile(files):
 # tune: outputs first, bounded work, the right option blamed
 
 
-def test_tune_out_checked_before_the_search(files, tmp_path):
+def test_tune_out_checked_before_the_search(files, tmp_path, monkeypatch):
     out = tmp_path / "best"
     (out / "plan.json").mkdir(parents=True)
     (out / "profile.json").write_text("mine")
-    t0 = time.process_time()
+    searched = []
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: searched.append(1) or (_ for _ in ()).throw(SystemExit(9)))
     r = lynx("tune", "gpt-1.3b", "--gpus", "8", "--global-batch", "16", "--out", out)
     assert r.exit_code == 2 and "plan.json" in r.output
     assert (out / "profile.json").read_text() == "mine"
-    assert time.process_time() - t0 < 5  # refused before the search, which takes longer
+    assert not searched  # refused before the search starts
 
 
 def test_tune_out_in_proc_is_a_clear_error():

@@ -46,7 +46,7 @@ def test_measured_profile_matches_what_autograd_saves(tmp_path, dtype, autocast)
             "--repeats", "2", "--dtype", dtype] + (["--autocast", autocast] if autocast else [])
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "inputs int64[2, 64]" in result.output and "measured on cpu (1 threads, 2 runs" in result.output
+    assert "inputs int64[2, 64]" in result.output and "measured on cpu (1 thread, 2 runs" in result.output
     prof = load_model(out, Profile)
     assert (prof.dtype, prof.autocast) == (dtype, autocast)
     assert [layer.name for layer in prof.layers] == ["embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]

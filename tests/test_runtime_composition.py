@@ -158,6 +158,19 @@ def test_autocast_with_a_shared_mlp_applies(tmp_path):
     plan = solvers.plan(prof, str(tmp_path / "p.json"), file_sha256(tmp_path / "p.json"), "full", 1 << 60)
     (tmp_path / "plan.json").write_text(dumps(plan))
     dry_run(str(tmp_path / "plan.json"), SHARED)
+    from models.shared_layers import lynx_model as shared_model
+
+    reference, ids = shared_model(shared_mlp=True)
+    planned = copy.deepcopy(reference)
+    apply_plan(planned, plan)
+    for model in (reference, planned):
+        torch.manual_seed(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(ids)
+        out.float().sum().backward()
+    assert runtime_of(planned).recomputations(0)  # the plan did recompute
+    grads = [(a.grad, b.grad) for a, b in zip(reference.parameters(), planned.parameters())]
+    assert all(a is not None for a, _ in grads) and all(torch.equal(a, b) for a, b in grads)
 
 
 def test_missing_casts_are_named_as_casts(llama):

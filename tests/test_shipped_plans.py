@@ -1,5 +1,5 @@
 """Every example plan in plans/ is valid for its shipped profile: a change to the simulator, the cost model or the
-solvers that would make a shipped plan lie fails here (regenerate with scripts/make_plans.sh)."""
+solvers that would make a shipped plan lie fails here (regenerate with `python scripts/regenerate.py plans`)."""
 
 from __future__ import annotations
 

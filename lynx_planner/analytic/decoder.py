@@ -219,7 +219,7 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
     expert_bpp = bytes_per_param(par.model_copy(update={"dp": par.dp // par.ep}))
 
     def layer(block: str, name: str, dense: int, experts: int = 0) -> Layer:
-        return Layer(block=block, name=name, params=dense + experts,
+        return Layer(block=block, name=name, params=dense + experts, expert_params=experts if par.ep > 1 else 0,
                      static_bytes=int(dense * bpp) + int(experts * expert_bpp))
 
     h, v, t = spec.hidden, spec.vocab, par.tp
@@ -237,6 +237,8 @@ def decoder_profile(spec: ModelSpec, par: ParallelConfig, hw: Hardware, attentio
                     "kv_heads": spec.kv, "ffn_hidden": spec.ffn_hidden, "vocab": v}
     if spec.mtp_layers:
         config["mtp_layers"] = spec.mtp_layers
+    if spec.tie_embeddings:  # left out when false: untied profiles keep their bytes
+        config["tie_embeddings"] = True
     if spec.moe is not None:
         config |= {"experts": spec.moe.experts, "top_k": spec.moe.top_k, "expert_ffn": spec.moe.expert_ffn,
                    "active_params": spec.active_params(par.seq_len)}

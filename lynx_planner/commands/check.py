@@ -34,5 +34,5 @@ def run(plan_path: Path, profile: Path | None) -> None:
     sim = verdict.evaluation.predicted  # what is printed is simulated here, never read from the plan
     out.print(f"ok: {plan_path} ({plan.algo}) is valid for {prof_path}: simulated peak "
               f"{format_bytes(verdict.evaluation.peak_bytes)} <= limit {format_bytes(plan.memory_limit_bytes)}, "
-              f"iteration time {sim.iteration_time_s:.4f} s (ideal {sim.ideal_iteration_time_s:.4f} s); every "
+              f"iteration time {sim.iteration_time_s:.4f} s (ideal on this split {sim.ideal_iteration_time_s:.4f} s); every "
               f"predicted figure within {TIME_RTOL:g} (relative) of the simulation, bytes exact")

@@ -100,6 +100,11 @@ def whole_option_names(panel):
     table.columns.remove(negative)
     if not any(cell.plain for cell in negative_short._cells):
         table.columns.remove(negative_short)
+    kind = columns[-2]  # '<int range> [x>=1]': stacked under the name, so the help column keeps the width
+    if all(isinstance(x, Text) for x in kind._cells):
+        long._cells = [Text("\n").join([name, Text(" ") + k]) if k.plain else name
+                       for name, k in zip(long._cells, kind._cells)]
+        table.columns.remove(kind)
     return panel
 
 

@@ -25,8 +25,19 @@ def check_output(path: Path, option: str = "-o", inputs: tuple[Path | str | None
             raise InputError(f"{path}: {option} is the input file {given}; writing it would destroy the input")
 
 
+MIN_MEMORY_LIMIT = 2**20  # no device trains in less than a MiB: a smaller --memory-limit is a missing unit
+
+
 def size(text: str | None, option: str) -> int | None:
-    return None if text is None else parse_size(text, option)
+    if text is None:
+        return None
+    value = parse_size(text, option)
+    if option == "--memory-limit" and value < MIN_MEMORY_LIMIT:
+        number = str(text).strip()
+        hint = f"; did you mean {number}GiB? (a number without a unit is bytes)" if number.replace(".", "").isdigit() \
+            else ""
+        raise InputError(f"--memory-limit: {number} is {value} bytes, below 1 MiB{hint}")
+    return value
 
 
 def device_limit(limit: int | None, hw: Hardware, where: str = "") -> int:

@@ -64,7 +64,7 @@ def summary(plan: Plan, path: Path) -> None:
                       in_unit(pr.static_bytes, unit_size), in_unit(pr.activation_bytes, unit_size),
                       ms(pr.exposed_recompute_s), ms(pr.hidden_recompute_s))
     out.print(shown)
-    out.print(f"iteration time {t:.4f} s; ideal (no recomputation, unlimited memory) {ideal:.4f} s: "
+    out.print(f"iteration time {t:.4f} s; ideal (this split, no recomputation, unlimited memory) {ideal:.4f} s: "
               f"{ideal / t:.3f}x of ideal speed ({percent(t / ideal - 1)})")
     out.print(f"solver {plan.solver.name}: {plan.solver.status}, search time {ms(plan.solver.search_time_s)}"
               + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))

@@ -92,7 +92,7 @@ def summary(profile: Profile, path: Path) -> None:
         how = f"{profile.method} on {hw.name}"
     else:  # what was really run: the device, precision and example inputs of the model file
         shapes = f"inputs {cfg.get('inputs', '?')}"
-        how = (f"measured on {cfg.get('device')} ({cfg.get('threads')} threads, {cfg.get('repeats')} runs, spread "
+        how = (f"measured on {cfg.get('device')} ({cfg.get('threads')} thread{'' if cfg.get('threads') == 1 else 's'}, {cfg.get('repeats')} runs, spread "
                f"{cfg.get('spread', 0):.0%}), planned for {hw.name}" if profile.method == "measure" else
                f"traced on {cfg.get('device')}, times analytic for {hw.name}")
     out.print(f"wrote {path}: {profile.model.name} ({size} params, {len(profile.layers)} layers), "

@@ -86,7 +86,8 @@ def run(plan_path: Path, profile: Path | None, trace: Path | None, as_json: bool
                       ms(s.hidden_recompute_s))
     out.print(shown)
     t, ideal = pred.iteration_time_s, pred.ideal_iteration_time_s
-    out.print(f"iteration time {t:.4f} s, ideal {ideal:.4f} s ({percent(t / ideal - 1)}); memory limit "
+    out.print(f"iteration time {t:.4f} s, ideal (this split, no recomputation) {ideal:.4f} s ({percent(t / ideal - 1)}); "
+              f"memory limit "
               f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
     if trace is not None:
         out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")

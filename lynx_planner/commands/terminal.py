@@ -53,7 +53,10 @@ def guarded(fn: Callable) -> Callable:
                     if e.exit_code in (0, 1):  # done, or a verdict (bench --check keeps its report)
                         outputs.commit()
                     raise
-                flush_stdout()
+                try:
+                    flush_stdout()
+                except BrokenPipeError:  # the reader left once it had enough (`| head -1`): the command is done
+                    silence_stdout()
                 outputs.commit()
             return result
         except OSError as e:  # stdout full or closed (`lynx check p.json > /dev/full`), or a file that vanished
@@ -98,12 +101,18 @@ def silence_stdout() -> None:
         pass
 
 
+# The reader of stdout left (`lynx profile ... | head -1`): what it read is what it wanted, so the command carries on
+# (its files are written) with further output discarded; rich's default exits 1 mid-command, leaving no files.
+out.on_broken_pipe = silence_stdout  # type: ignore[method-assign]
+
+
 def progress(disable: bool = False):
-    """A transient progress bar on stderr: description, bar, done/total, elapsed time."""
+    """A transient progress bar on stderr: description, bar, done/total, elapsed time. Off where stderr is no
+    terminal (a pipe, a file, a CI log): there it would only leave an empty line."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), console=err, transient=True, disable=disable)
+                    TimeElapsedColumn(), console=err, transient=True, disable=disable or not err.is_terminal)
 
 
 def progress_bar(description: str):

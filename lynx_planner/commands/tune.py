@@ -20,7 +20,7 @@ from .terminal import err, out, progress_bar
 from .user_code import call_model_file
 
 
-def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len: int, memory_limit: str | None,
+def run(model: str, global_batch: int, hardware: str, gpus: str | None, seq_len: int, memory_limit: str | None,
         time_limit: float | None, top: int, ep: int | None, distributed_optimizer: bool, as_json: bool,
         out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None,
         fsdp: bool = False, reshard_after_forward: bool = True, hsdp_shard_size: int | None = None,
@@ -49,18 +49,21 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
     kinds = [find_hardware(h.strip()) for h in hardware.split(",") if h.strip()]
     if not kinds:
         raise InputError("--hardware: empty list")
-    if out_dir is not None and (len(kinds) > 1 or gpus is None):
-        raise InputError("--out: needs one --hardware and --gpus (it writes that configuration's files)")
+    counts = tune.gpu_counts(gpus) if gpus is not None else None
+    one = len(kinds) == 1 and counts is not None and len(counts) == 1
+    if out_dir is not None and not one:
+        raise InputError("--out: needs one --hardware and one --gpus count (it writes that configuration's files)")
     if out_dir is not None:
         check_out_dir(out_dir)
     if plot is not None:
-        if len(kinds) > 1 or gpus is None:
-            raise InputError("--plot: needs one --hardware and --gpus (it draws that search's configurations)")
+        if not one:
+            raise InputError("--plot: needs one --hardware and one --gpus count (it draws that search's "
+                             "configurations)")
         check_output(plot, "--plot")
     limit = size(memory_limit, "--memory-limit")
     for hw in kinds:
         device_limit(limit, hw)
-    if gpus is None:
+    if counts is None:
         if names != ("1f1b",) or virtual_stages is not None:
             raise InputError("--schedule/--virtual-stages: need --gpus (sizing up searches 1F1B layouts)")
         if kernels is not None or fp8:
@@ -68,15 +71,25 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
         return size_up(model, kinds, global_batch, seq_len, limit, time_limit, distributed_optimizer, as_json,
                        search)
     json_rows = []
-    for hw in kinds:
+    choices: list = []
+    for hw, gpus_n in ((hw, n) for hw in kinds for n in counts):
         profiles = tune.Profiles(model, hw, seq_len, distributed_optimizer, search=search,
                                  call=lambda fn, *a, **k: call_model_file(Path(model), "profiling", fn, *a, **k),
                                  kernels=kernels.value if kernels else "hf", fp8=fp8)
-        bar, report = progress_bar(f"{hw.name}:")
-        with bar:
-            result = tune.tune(model, gpus, hw, global_batch, seq_len, limit, time_limit, top,
-                               distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
-                               or not as_json, names=names, virtual=virtual_stages, ep=ep)
+        bar, report = progress_bar(f"{hw.name} x {gpus_n}:" if len(counts) > 1 else f"{hw.name}:")
+        try:
+            with bar:
+                result = tune.tune(model, gpus_n, hw, global_batch, seq_len, limit, time_limit, top,
+                                   distributed_optimizer, profiles, progress=report, make_plan=out_dir is not None
+                                   or not as_json, names=names, virtual=virtual_stages, ep=ep)
+        except InputError as e:
+            if one:
+                raise
+            err.print(f"note: {gpus_n} x {hw.name}: {e}")  # another type or count may still do
+            continue
+        gpus = gpus_n
+        if result.top:
+            choices.append(tune.Choice(hw.name, gpus, result.top[0], limit or default_memory_limit(hw)))
         if as_json:
             json_rows += [{"hardware": hw.name, "gpus": gpus, **r.json()} for r in result.rows]
         else:
@@ -85,10 +98,10 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
             left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
             err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
                       "planned; the table covers those reached")
-        if not result.top and result.time_limit_hit:
+        if not result.top and result.time_limit_hit and one:
             raise InputError(f"--time-limit: {time_limit:g} s ran out before any layout of {model} on {gpus} x "
                              f"{hw.name} was planned")
-        if not result.top:
+        if not result.top and one:
             raise InputError(f"--memory-limit: no layout of {model} on {gpus} x {hw.name} fits in "
                              f"{format_bytes(limit or default_memory_limit(hw))}, even with full recomputation")
         if out_dir is not None:
@@ -113,6 +126,26 @@ def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len:
                 out.print(f"wrote {plot}")
     if as_json:
         typer.echo(json.dumps(json_rows, indent=1))
+    if one:
+        return
+    answer = tune.verdicts(choices)
+    if answer is None:
+        raise InputError(f"--memory-limit: no layout of {model} fits on any of the GPU types and counts searched, "
+                         "even with full recomputation")
+    if not as_json:
+        print_verdicts(*answer)
+
+
+def print_verdicts(fastest, cheapest) -> None:
+    """The answer across GPU types and counts: the fastest layout and the one with the fewest GPU-hours."""
+    def line(c) -> str:
+        r = c.row
+        return (f"{c.gpus} x {c.hardware}, {r.layout.label()} {r.algo}: {r.iteration_time_s:.3f} s/iteration, "
+                f"{c.gpu_hours:.4g} GPU-hours/iteration ({r.tokens_per_s_per_gpu * 3600:.4g} tokens/GPU-hour), "
+                f"peak {format_bytes(r.peak_memory_bytes)}, headroom {format_bytes(c.headroom_bytes)}")
+    out.print(f"fastest: {line(fastest)}")
+    out.print(f"fewest GPU-hours: {line(cheapest)}")
+    out.print("(GPU-hours, not prices: weigh each type's hourly price; headroom: the memory limit less the peak)")
 
 
 def check_out_dir(out_dir: Path) -> None:

@@ -10,7 +10,7 @@ import typer
 from ..io import InputError
 from .options import load_plan
 from .options import threads as check_threads
-from .terminal import out
+from .terminal import err, out
 from .user_code import call_model_file
 
 
@@ -24,8 +24,10 @@ def run(plan_path: Path, model_path: Path, repeats: int, warmup: int, threads: i
     paths = [plan_path, *(also or [])]
     for p in paths:
         load_plan(p)
-    runs = call_model_file(model_path, "validation", validate.run, [str(p) for p in paths], str(model_path),
-                           repeats=repeats, warmup=warmup, threads=threads)
+    with err.status("validate: starting") as status:  # a spinner on a terminal, nothing in a pipe
+        runs = call_model_file(model_path, "validation", validate.run, [str(p) for p in paths], str(model_path),
+                               repeats=repeats, warmup=warmup, threads=threads,
+                               progress=lambda message: status.update(f"validate: {message}"))
     summaries = [validate.summary(r) for r in runs]
     if as_json:
         typer.echo(json.dumps(summaries, indent=1))

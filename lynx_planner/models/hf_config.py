@@ -47,6 +47,11 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
         raise InputError(f"{where}: field 'model_type': {mt!r} is not supported (expected one of "
                          f"{', '.join(MODEL_TYPES + tuple(_MULTIMODAL_TEXT))})")
     mod = BY_MODEL_TYPE[mt]
+    for experts_key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        k, e = cfg.get("num_experts_per_tok"), cfg.get(experts_key)
+        if isinstance(k, int) and isinstance(e, int) and 0 < e < k:
+            raise InputError(f"{where}: field 'num_experts_per_tok' ({k}) exceeds {experts_key!r} ({e}): a token "
+                             "cannot go to more experts than there are")
     f = Fields(cfg, where)
     kw = mod.read(f, mt)
     # not sizes, but part of the model an export must build

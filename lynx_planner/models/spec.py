@@ -11,9 +11,9 @@ load-balancing loss aims at this; a skewed router makes one EP rank slower and i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Family = Literal["gpt", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                  "phi3", "olmo2", "gemma3_text", "glm4_moe", "deepseek_v2", "gpt_oss", "llama4_text", "qwen3_next"]
@@ -24,6 +24,19 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v2
 FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 
 
+# Bounds on a model's sizes, far above any real model's (the deepest have ~128 layers, the widest FFN ~10^5, the
+# largest vocabularies ~2.6 * 10^5, the most experts 384): a typo (10^9 layers, a 10^30 FFN) is refused at once
+# instead of building a profile for minutes or writing a 10^26-parameter model.
+MAX_LAYERS = 1024
+MAX_WIDTH = 1 << 20  # hidden, FFN, head and low-rank dimensions, heads
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 16
+Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+Vocab = Annotated[int, Field(gt=0, le=MAX_VOCAB)]
+Experts = Annotated[int, Field(gt=0, le=MAX_EXPERTS)]
+
+
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,23 +44,23 @@ class _Spec(BaseModel):
 class MLASpec(_Spec):
     """DeepSeek's multi-head latent attention: low-rank q (optional) and joint kv projections, split rope heads."""
 
-    q_lora_rank: PositiveInt | None = Field(None, description="rank of the query down-projection (None: full q_proj)")
-    kv_lora_rank: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    q_lora_rank: Width | None = Field(None, description="rank of the query down-projection (None: full q_proj)")
+    kv_lora_rank: Width
+    qk_rope_head_dim: Width
+    qk_nope_head_dim: Width
+    v_head_dim: Width
 
 
 class MoESpec(_Spec):
     """Routed experts (SwiGLU each), a router, optional shared experts; the first `dense_layers` layers are dense."""
 
-    experts: PositiveInt = Field(description="routed experts per MoE layer")
-    top_k: PositiveInt = Field(description="experts each token is sent to")
-    expert_ffn: PositiveInt = Field(description="FFN width of one routed expert")
-    shared_experts: int = Field(0, ge=0, description="shared experts (every token); their FFN is `shared_ffn` wide")
-    shared_ffn: int = Field(0, ge=0, description="FFN width of the shared expert MLP (all shared experts together)")
+    experts: Experts = Field(description="routed experts per MoE layer")
+    top_k: Experts = Field(description="experts each token is sent to")
+    expert_ffn: Width = Field(description="FFN width of one routed expert")
+    shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS, description="shared experts (every token); their FFN is `shared_ffn` wide")
+    shared_ffn: int = Field(0, ge=0, le=MAX_WIDTH, description="FFN width of the shared expert MLP (all shared experts together)")
     shared_gate: bool = Field(False, description="a sigmoid gate on the shared expert's output (Qwen2-MoE)")
-    dense_layers: int = Field(0, ge=0, description="the first k layers have a dense MLP of `ffn_hidden` (DeepSeek)")
+    dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="the first k layers have a dense MLP of `ffn_hidden` (DeepSeek)")
     step: PositiveInt = Field(1, description="every step-th layer is MoE (layer i when (i + 1) % step == 0: Llama 4's "
                               "interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step)")
     dense_ids: tuple[int, ...] = Field((), description="layers with a dense MLP whatever the pattern (mlp_only_layers)")
@@ -91,13 +104,13 @@ class ModelSpec(_Spec):
     name: str
     source: str = Field("", description="where the numbers come from (a Hugging Face config, a paper)")
     family: Family = Field(description="op graph to build: 'gpt' (Megatron GPT) or a Hugging Face model_type")
-    num_layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); None: = heads")
-    head_dim: PositiveInt | None = Field(None, description="None: hidden / heads")
-    ffn_hidden: PositiveInt = Field(description="width of the dense MLP")
-    vocab: PositiveInt
+    num_layers: Layers
+    hidden: Width
+    heads: Width
+    kv_heads: Width | None = Field(None, description="key/value heads (GQA); None: = heads")
+    head_dim: Width | None = Field(None, description="None: hidden / heads")
+    ffn_hidden: Width = Field(description="width of the dense MLP")
+    vocab: Vocab
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
     mlp: Literal["gelu", "swiglu", "geglu"] = "swiglu"
     positions: Literal["learned", "rotary"] = "rotary"

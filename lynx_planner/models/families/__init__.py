@@ -14,6 +14,18 @@ from importlib import import_module
 from types import ModuleType
 
 from ...io import InputError
+from ..spec import MAX_EXPERTS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH
+
+# The most each integer field may be (spec.py says why); widths (hidden, FFN, head and low-rank dimensions, heads)
+# otherwise. Fields that may be 0: counts of optional parts.
+_MOST = {"num_hidden_layers": MAX_LAYERS, "first_k_dense_replace": MAX_LAYERS, "vocab_size": MAX_VOCAB,
+         "num_local_experts": MAX_EXPERTS, "num_experts": MAX_EXPERTS, "n_routed_experts": MAX_EXPERTS,
+         "num_experts_per_tok": MAX_EXPERTS, "n_shared_experts": MAX_EXPERTS, "decoder_sparse_step": MAX_LAYERS,
+         "interleave_moe_layer_step": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
+         "sliding_window": 1 << 30, "attention_chunk_size": 1 << 30, "max_window_layers": MAX_LAYERS}
+_MAY_BE_ZERO = {"n_shared_experts", "first_k_dense_replace", "shared_expert_intermediate_size", "q_lora_rank",
+                "num_nextn_predict_layers", "max_window_layers", "num_shared_experts", "decoder_sparse_step",
+                "n_group", "topk_group"}
 
 # every config.json carries these; none changes what a training step keeps or how long it runs
 COMMON_IGNORED = frozenset({
@@ -72,6 +84,11 @@ class Fields:
         v = self.cfg[key]
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise InputError(f"{self.where}: field {key!r} must be a non-negative integer, not {v!r}")
+        if kind is int and v == 0 and key not in _MAY_BE_ZERO:
+            raise InputError(f"{self.where}: field {key!r} must be at least 1, not 0")
+        if kind is int and v > _MOST.get(key, MAX_WIDTH):
+            raise InputError(f"{self.where}: field {key!r} is {v}: lynx takes at most {_MOST.get(key, MAX_WIDTH)} "
+                             "(far above any real model's; a typo?)")
         if kind is bool and not isinstance(v, bool):
             raise InputError(f"{self.where}: field {key!r} must be true or false, not {v!r}")
         if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
