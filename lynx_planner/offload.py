@@ -1,0 +1,150 @@
+"""Activation offload: the host link of a rank and its copy engine, the arithmetic the simulator and the searches share.
+
+An offloaded tensor is one a layer keeps for its backward (LayerPolicy.offload: kept ops, or 'input'); it is
+produced on the device and so counts there from the layer's forward on. When the layer's forward ends, its copy to
+pinned host memory is queued on the device-to-host copy engine; the device bytes are freed when that copy ends. When the
+layer's reload fires (LayerPolicy.reload: backward entering the layer above, or the start of the micro-batch's backward
+on the stage), a device buffer is allocated and the copy back is queued on the host-to-device engine; the layer's
+backward waits for it (a late copy stalls the compute stream: exposed, while the side stream may recompute). Copies of
+one direction run one at a time in the order they were queued (a PCIe or C2C link is full duplex: the two directions run
+side by side). Host memory holds a tensor from the start of its copy out to the end of its copy back: a second limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .schema import BLOCK_INPUT, Hardware, Profile
+
+MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act", "layer_input")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One rank's host link: copy bandwidth per direction, and the pinned host memory it may fill."""
+
+    kind: str
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    pinned_bytes: int
+    shared_with_nic: bool = False
+
+
+def host_link(hw: Hardware) -> Link | None:
+    """The hardware's host link: its own fields (a calibrated or hand-written file), else the catalog's entry for its
+    name (models/hardware.py HOST_LINKS); None where there is none (a CPU rank has nothing to offload to)."""
+    from .models.hardware import HOST_LINKS
+
+    if hw.device == "cpu" or hw.host_link == "none":
+        return None
+    cat = HOST_LINKS.get(hw.name)
+    d2h = hw.host_d2h_bytes_per_s or (cat.d2h if cat else None)
+    h2d = hw.host_h2d_bytes_per_s or (cat.h2d if cat else None)
+    if d2h is None or h2d is None:
+        return None
+    pinned = hw.pinned_host_bytes if hw.pinned_host_bytes is not None else (cat.pinned_bytes if cat else 0)
+    shared = hw.host_link_shared_with_nic if hw.host_link_shared_with_nic is not None else \
+        (cat.shared_with_nic if cat else False)
+    return Link(hw.host_link or (cat.kind if cat else "unknown"), d2h, h2d, pinned, shared)
+
+
+def nic_share_bytes_per_s(profile: Profile) -> float:
+    """Bandwidth the NIC takes from a host link it shares (GPUDirect RDMA over the same x16 port), where the rank's
+    groups leave the node: the inter-node bus bandwidth one GPU drives (one NIC's share)."""
+    from . import streams
+
+    hw = profile.hardware
+    if not any(kind == "inter" for *_, kind in streams.describe(profile)):
+        return 0.0
+    nics = hw.nics_per_node or 1
+    return hw.inter_node_bus_bytes_per_s * min(1.0, nics / hw.gpus_per_node)
+
+
+def rank_link(profile: Profile) -> Link | None:
+    """The host link as one rank of this setup sees it: a NIC sharing it takes its share (at most half the link)."""
+    link = host_link(profile.hardware)
+    if link is None or not link.shared_with_nic:
+        return link
+    nic = nic_share_bytes_per_s(profile)
+    if nic == 0:
+        return link
+    return Link(link.kind, max(link.d2h_bytes_per_s / 2, link.d2h_bytes_per_s - nic),
+                max(link.h2d_bytes_per_s / 2, link.h2d_bytes_per_s - nic), link.pinned_bytes, True)
+
+
+def offloaded_bytes(block, offload: list[str] | tuple[str, ...]) -> int:
+    """Bytes a layer of `block` offloads per micro-batch: each named kept op's held bytes ('input': the block input)."""
+    from . import policy
+
+    info = policy.analyse(block)
+    return sum(block.input_bytes if o == BLOCK_INPUT else info.unit_bytes[o] for o in offload)
+
+
+# --------------------------------------------------------------------------------------------------- the copy engine
+
+@dataclass
+class CopyEngine:
+    """One rank's two copy queues and its host memory timeline (the simulator drives it in each rank's time order)."""
+
+    link: Link
+    d2h_free: float = 0.0  # when each direction's queue is next free
+    h2d_free: float = 0.0
+    busy_d2h: float = 0.0
+    busy_h2d: float = 0.0
+    host: list[tuple[float, int]] = field(default_factory=list)  # (time, host bytes delta)
+    sent: dict = field(default_factory=dict)  # key -> (bytes, when its copy out ends)
+    fetched: dict = field(default_factory=dict)  # key -> when its copy back ends
+
+    def send(self, key, t: float, nbytes: int) -> tuple[float, float]:
+        """Queue the copy out of `nbytes` produced at t: (start, end)."""
+        start = max(t, self.d2h_free)
+        dt = nbytes / self.link.d2h_bytes_per_s
+        self.d2h_free, self.busy_d2h = start + dt, self.busy_d2h + dt
+        self.host.append((start, nbytes))
+        self.sent[key] = (nbytes, start + dt)
+        return start, start + dt
+
+    def fetch(self, key, t: float) -> tuple[float, float] | None:
+        """Queue the copy back of `key` at t (after its copy out ended): (start, end); None if already fetched."""
+        if key in self.fetched or key not in self.sent:
+            return None
+        nbytes, out_end = self.sent[key]
+        start = max(t, self.h2d_free, out_end)
+        dt = nbytes / self.link.h2d_bytes_per_s
+        self.h2d_free, self.busy_h2d = start + dt, self.busy_h2d + dt
+        self.host.append((start + dt, -nbytes))
+        self.fetched[key] = start + dt
+        return start, start + dt
+
+    def host_peak(self) -> int:
+        level = peak = 0
+        for _, d in sorted(self.host, key=lambda e: (e[0], e[1])):  # frees first at equal times
+            level += d
+            peak = max(peak, level)
+        return peak
+
+    @property
+    def busy_s(self) -> float:
+        return max(self.busy_d2h, self.busy_h2d)
+
+
+def policy_problem(profile: Profile, info, pol) -> str | None:
+    """Why a layer policy's offload is not executable, or None: it offloads kept tensors (or the block input) once
+    each, not in a Megatron uniform chunk (whose input the layer below regenerates), on hardware with a host link."""
+    if not pol.offload:
+        return None
+    if host_link(profile.hardware) is None:
+        return (f"offloads {pol.offload[0]!r}, but {profile.hardware.name} has no host link to offload to (set "
+                "host_link and host_*_bytes_per_s in the hardware file, or run `lynx hardware calibrate`)")
+    if len(set(pol.offload)) != len(pol.offload):
+        return "offload lists an op twice"
+    if pol.recompute_with is not None:
+        return "a uniform chunk layer recomputes from the chunk input and keeps nothing to offload"
+    kept = set(pol.keep) - set(pol.recompute)
+    bad = [o for o in pol.offload if o != BLOCK_INPUT and o not in kept]
+    if bad:
+        return f"offload names ops that are not kept (only kept tensors can be offloaded): {', '.join(bad[:3])}"
+    empty = [o for o in pol.offload if o != BLOCK_INPUT and info.unit_bytes.get(o, 0) == 0]
+    if empty:
+        return f"offload names ops that keep no bytes: {', '.join(empty[:3])}"
+    return None
