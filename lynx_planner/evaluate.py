@@ -208,7 +208,7 @@ def verify(plan: Plan, profile: Profile, tolerance: float = TIME_RTOL) -> Verdic
 def _check_header(plan: Plan, profile: Profile) -> list[str]:
     """Finiteness, algorithm, solver fields, memory limit and parallel setup."""
     from .io import nonfinite_field
-    from .solvers import ALGOS
+    from .solvers import ALL_ALGOS as ALGOS
 
     out = []
     found = nonfinite_field(plan.model_dump(mode="python"))

@@ -148,3 +148,76 @@ def policy_problem(profile: Profile, info, pol) -> str | None:
     if empty:
         return f"offload names ops that keep no bytes: {', '.join(empty[:3])}"
     return None
+
+
+# ------------------------------------------------------------------------------ Megatron's offload and recompute modules
+
+# Megatron-core's fine-grained offloading modules (docs/user-guide/features/fine_grained_activation_offloading.md:
+# attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act) and layer_input (the layer's input,
+# with full recomputation), matched by the last part of an op's module path in the families lynx builds (GPT, Hugging
+# Face Llama/Mistral/Qwen/Mixtral, torchtitan) or, for core attention, by its tag.
+_PATHS = {
+    "attn_norm": ("ln1", "input_layernorm", "attention_norm", "ln_1", "norm1"),
+    "qkv_linear": ("qkv", "q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "c_attn", "query_key_value", "kv_a_proj_with_mqa",
+                   "q_a_proj", "q_b_proj", "kv_b_proj"),
+    "attn_proj": ("proj", "o_proj", "wo", "dense"),
+    "mlp_norm": ("ln2", "post_attention_layernorm", "ffn_norm", "ln_2", "norm2"),
+}
+_GEMMS = ("mm", "bmm", "addmm", "linear", "_grouped_mm")
+
+
+def _path(op_id: str) -> list[str]:
+    return op_id.split(":")[0].split(".")
+
+
+def in_module(op, name: str) -> bool:
+    """Whether an op belongs to one of Megatron's offload modules."""
+    path = _path(op.id)
+    if name == "core_attn":
+        return "core_attn" in op.tags
+    if name in ("attn_proj", "qkv_linear") and "core_attn" in op.tags:
+        return False
+    if name == "moe_act":
+        return "experts" in path and path[-1] in ("act_fn", "act", "activation_func")
+    if name == "expert_fc1":
+        aten = op.id.split(":")[-1].split("#")[0]
+        return "experts" in path and aten in _GEMMS and not any(p in ("w2", "down_proj", "fc2") for p in path)
+    paths = _PATHS.get(name, ())
+    if name == "attn_proj":  # a projection under the attention module
+        return bool(path) and path[-1] in paths and any(p.startswith(("attn", "self_attn", "attention")) for p in path)
+    return bool(path) and path[-1] in paths
+
+
+def module_units(block, names) -> tuple[list[str], bool]:
+    """(the saved units that the ops of Megatron's modules `names` record for their backward, in op order; whether
+    the block input is among them, or layer_input is named)."""
+    from . import policy
+
+    info = policy.analyse(block)
+    ops = [op for op in block.ops if not op.view and any(in_module(op, n) for n in names)]
+    units, takes_input = set(), "layer_input" in names
+    for op in ops:
+        for ref in op.saves:
+            b = info.base.get(ref, ref)
+            if b == BLOCK_INPUT:
+                takes_input = True
+            elif b in info.keepable:
+                units.add(b)
+        if op.aux_bytes and op.id in info.keepable:
+            units.add(op.id)
+    return sorted(units, key=info.order.__getitem__), takes_input
+
+
+def module_ops(block, names) -> set[str]:
+    """Ids of the ops of Megatron's modules `names` (its fine-grained recompute modules: layernorm, moe_act)."""
+    return {op.id for op in block.ops if not op.view and any(in_module(op, n) for n in names)}
+
+
+def summary_line(stages, iteration_s: float) -> str:
+    """One line for plan and simulate: offloaded bytes per micro-batch, link utilisation, stalls, host memory."""
+    worst = max(stages, key=lambda p: p.offloaded_bytes)
+    util = max(p.link_busy_s for p in stages) / iteration_s if iteration_s > 0 else 0.0
+    stall = max(p.offload_stall_s for p in stages)
+    host = max(p.host_peak_bytes for p in stages)
+    return (f"offload: {worst.offloaded_bytes / 2**30:.2f} GiB per micro-batch (stage {worst.stage}), host link busy "
+            f"{util:.0%} of the iteration, backward stalls {stall * 1e3:.1f} ms, host memory {host / 2**30:.2f} GiB")
