@@ -221,3 +221,35 @@ def summary_line(stages, iteration_s: float) -> str:
     host = max(p.host_peak_bytes for p in stages)
     return (f"offload: {worst.offloaded_bytes / 2**30:.2f} GiB per micro-batch (stage {worst.stage}), host link busy "
             f"{util:.0%} of the iteration, backward stalls {stall * 1e3:.1f} ms, host memory {host / 2**30:.2f} GiB")
+
+
+# ------------------------------------------------------------------------------------------------- measuring the link
+
+def measure_link(repeats: int = 10, nbytes: int = 256 << 20) -> dict | None:
+    """On a CUDA device: pinned device-to-host and host-to-device copy bandwidth (medians of `repeats` copies of
+    `nbytes`, timed with CUDA events), as Hardware fields; None on a machine without CUDA (nothing to offload to)."""
+    import statistics
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    stream = torch.cuda.Stream()
+
+    def rate(dst, src) -> float:
+        times = []
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)  # warm-up
+            for _ in range(repeats):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(stream)
+                dst.copy_(src, non_blocking=True)
+                b.record(stream)
+                b.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+        return nbytes / statistics.median(times)
+
+    d2h, h2d = rate(host, dev), rate(dev, host)
+    return {"host_d2h_bytes_per_s": float(f"{d2h:.4g}"), "host_h2d_bytes_per_s": float(f"{h2d:.4g}")}
