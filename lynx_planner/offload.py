@@ -253,3 +253,88 @@ def measure_link(repeats: int = 10, nbytes: int = 256 << 20) -> dict | None:
 
     d2h, h2d = rate(host, dev), rate(dev, host)
     return {"host_d2h_bytes_per_s": float(f"{d2h:.4g}"), "host_h2d_bytes_per_s": float(f"{h2d:.4g}")}
+
+
+# ------------------------------------------------------------------------------------------------------------ export
+
+_RECOMPUTE_MODULES = {"layernorm": ("attn_norm", "mlp_norm"), "core_attn": ("core_attn",), "moe_act": ("moe_act",)}
+
+
+def nearest_modules(plan, profile: Profile) -> tuple[list[str], list[str]]:
+    """(Megatron offload modules, fine-grained recompute modules) nearest to the plan: a module is offloaded where the
+    plan offloads at least half of the bytes it saves, in most of the layers of the repeated block that offload;
+    recomputed where those layers recompute all its ops."""
+    from collections import Counter
+
+    from .solvers.partition import repeated_block
+
+    rep = repeated_block(profile)
+    pols = [(p, p.layers[1] - p.layers[0]) for st in plan.stages for p in st.policies if p.block == rep and p.offload]
+    layers = sum(n for _, n in pols)
+    if not layers:
+        return [], []
+    block = profile.blocks[rep]
+    from . import policy
+
+    info = policy.analyse(block)
+    off_votes, rec_votes = Counter(), Counter()
+    for p, n in pols:
+        off = set(p.offload)
+        for m in MODULES:
+            units, takes_input = module_units(block, [m])
+            total = sum(info.unit_bytes[u] for u in units) + (block.input_bytes if takes_input else 0)
+            sent = sum(info.unit_bytes[u] for u in units if u in off) + \
+                (block.input_bytes if takes_input and BLOCK_INPUT in off else 0)
+            if total and 2 * sent >= total:
+                off_votes[m] += n
+        rec = set(p.recompute)
+        for name, mods in _RECOMPUTE_MODULES.items():
+            ops = module_ops(block, mods)
+            if ops and ops <= rec:
+                rec_votes[name] += n
+    return ([m for m in MODULES if 2 * off_votes[m] > layers and m != "layer_input"],
+            [m for m in _RECOMPUTE_MODULES if 2 * rec_votes[m] > layers])
+
+
+def megatron_choice(plan, profile: Profile, bounds: list[int], limit: int) -> dict | None:
+    """Megatron's fine-grained offloading nearest to the plan (None where the plan offloads nothing), simulated: the
+    fields of export.MegatronChoice."""
+    if not any(p.offload for st in plan.stages for p in st.policies):
+        return None
+    from . import evaluate as ev
+    from .solvers.offload import megatron_offload
+    from .solvers.partition import repeated_block
+
+    offl, rec = nearest_modules(plan, profile)
+    if not offl:
+        return None
+    rep = repeated_block(profile)
+    recompute = tuple(m for name in rec for m in _RECOMPUTE_MODULES[name])
+    pols = [megatron_offload(profile, i, tuple(offl), recompute) if profile.layers[i].block == rep
+            else ev.none_policy(profile, i) for i in range(len(profile.layers))]
+    e = ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
+    flags = ["--fine-grained-activation-offloading", "--offload-modules " + " ".join(offl)]
+    if rec:
+        flags += ["--recompute-granularity selective", "--recompute-modules " + " ".join(rec)]
+    return {"name": "offload " + ",".join(offl), "flags": flags, "iteration_time_s": e.predicted.iteration_time_s,
+            "peak_memory_bytes": e.peak_bytes, "fits": e.fits(limit)}
+
+
+def export_notes(plan, profile: Profile, to: str = "megatron") -> list[str]:
+    """What of the plan's offload the target cannot express."""
+    pols = [p for st in plan.stages for p in st.policies]
+    offl = [p for p in pols if p.offload]
+    if not offl:
+        return []
+    if to == "torchtitan":
+        return ["the plan offloads activations to host memory: torchtitan 0.3 offloads only parameters, gradients "
+                "and optimizer state (--training.enable_cpu_offload, FSDP's CPUOffloadPolicy), not activations; the "
+                "lynx hook (apply_plan) runs the plan's offload"]
+    notes = []
+    n_off = sum(p.layers[1] - p.layers[0] for p in offl)
+    n_all = sum(p.layers[1] - p.layers[0] for p in pols)
+    if n_off < n_all:
+        notes.append(f"the plan offloads in {n_off} of {n_all} layers; Megatron offloads its modules in every layer")
+    if any(p.reload == "grad_wait" for p in offl):
+        notes.append("the plan reloads some layers at the start of the backward; Megatron prefetches one layer ahead")
+    return notes
