@@ -198,6 +198,7 @@ def megatron(plan: Plan, profile: Profile) -> MegatronExport:
     choices += [MegatronChoice(**c) for c in [offload.megatron_choice(plan, profile, bounds, limit)] if c]
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
+    best = next((c for c in fitting if c.name.startswith("offload ")), best)  # an offload plan: its nearest offload
     notes = _not_expressible(plan, profile) + parallel.megatron_flags(par)[1] + offload.export_notes(plan, profile)
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "

@@ -254,3 +254,22 @@ def test_bad_offload_modules_exit_2(llama, tmp_path):
     r = lynx("plan", str(llama), "--algo", "offload", "--offload-modules", "core_attn,bogus", "-o",
              str(tmp_path / "x.json"))
     assert r.exit_code == 2 and "--offload-modules" in r.output and not (tmp_path / "x.json").exists()
+
+
+def test_export_round_trips_megatron_offload_modules(tmp_path):
+    """A plan made as Megatron's `--offload-modules core_attn attn_proj` (layernorm recomputed) exports as exactly
+    those flags; torchtitan 0.3 gets a note (it offloads no activations)."""
+    llama = tmp_path / "p.json"
+    r = lynx("profile", "llama3-8b", "-o", str(llama), "--hardware", "h100-80g-nvlink", "--seq-len", "2048",
+             "--dp", "8", "--num-microbatches", "2")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "plan.json"
+    r = lynx("plan", str(llama), "--algo", "offload", "--offload-modules", "core_attn,attn_proj", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    plan, prof = load_model(out, Plan), load_model(llama, Profile)
+    assert offload.nearest_modules(plan, prof) == (["core_attn", "attn_proj"], ["layernorm"])
+    r = lynx("export", str(out), "--to", "megatron")
+    assert r.exit_code == 0, r.output
+    assert "--fine-grained-activation-offloading" in r.output and "--offload-modules core_attn attn_proj" in r.output
+    r = lynx("export", str(out), "--to", "torchtitan")
+    assert r.exit_code == 0 and "torchtitan 0.3 offloads only parameters" in r.output
