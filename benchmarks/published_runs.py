@@ -15,6 +15,9 @@ Sources (numbers transcribed from the papers / README image; configurations as t
                  Megatron-LM", arXiv 2104.04473, Table 1 (also the Megatron-LM README of 2021-2024): per-GPU
                  TFLOP/s with full recomputation, A100 80 GB, s 2048, vocabulary 51200; micro-batch sizes,
                  virtual stages and DDP from the authors' script for this table (N1 below).   [checked on]
+  torchtitan-1   torchtitan docs/performance.md (Dec 2024; arXiv 2410.06511 reports the same runs), Tables 1 and 3:
+                 Llama 3.1 8B, 1D FSDP on 8 and 128 H100s (Grand Teton: 96 GB HBM2e, 500 W), local batch 2,
+                 selective op AC, without torch.compile and Float8 (the other rows need them).  [checked on]
   megatron-h100  Megatron-LM README (NVIDIA/Megatron-LM images/model_table.png, July 2024): per-GPU TFLOP/s on
                  H100 (bf16: 408.8 TFLOP/s is its 41 % MFU of 989.5), s 4096, vocabulary 131072, DP 48,
                  distributed optimizer with --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap;
@@ -259,6 +262,47 @@ def megatron_h100(single_stage: bool = False) -> list[Row]:
     return rows
 
 
+# torchtitan docs/performance.md (commit 9dec370, 2024-12; arXiv 2410.06511), Llama 3.1 8B, 1D FSDP, local batch 2,
+# sequence 8192 (llama3_8b.toml), selective op AC, no torch.compile, no Float8 (the rows lynx can express: the others
+# use Float8 or torch.compile): (GPUs, TPS/GPU, memory GiB).
+TT1 = [(8, 5762, 82.4), (128, 5605, 67.0)]
+# torchtitan's op-level selective AC (torchtitan/models/llama3/infra/parallelize.py, _save_list with every second mm
+# recomputed): a block keeps the outputs of its 1st, 3rd, 5th and 7th matmuls (wq, wv, w1, w2; HF's q, v, gate, down)
+# and of the fused attention; everything else is recomputed.
+TT_SAC_KEEP = ("self_attn.q_proj:mm#0", "self_attn.v_proj:mm#0", "self_attn:_scaled_dot_product_flash_attention#0",
+               "mlp.gate_proj:mm#0", "mlp.down_proj:mm#0")
+
+
+def grand_teton_h100():
+    """The H100 of torchtitan's runs (Meta's Grand Teton): 96 GB HBM2e at 2.4 TB/s, 500 W, 8 per host on NVLink,
+    400 Gb/s RDMA per GPU. Its peak FLOP/s is unpublished: "between SXM and NVL" (989.5 and 835 dense bf16 TFLOP/s),
+    taken as their midpoint, not fitted; the efficiencies are the H100 SXM's."""
+    hw = HARDWARE["h100-80g-nvlink"]
+    return hw.model_copy(update={"name": "h100-96g-hbm2e-500w", "memory_bytes": 96 * 10**9, "peak_flops": 912e12,
+                                 "hbm_bytes_per_s": 2.4e12, "inter_node_bus_bytes_per_s": 50e9})
+
+
+def torchtitan_1() -> list[Row]:
+    """TPS/GPU and peak memory of torchtitan's 1D FSDP Llama 3.1 8B rows under its op-level selective AC (the keep
+    set above on every decoder layer), simulated by lynx."""
+    from lynx_planner.build import build_profile
+    from lynx_planner.evaluate import layer_policy, none_policy
+
+    rows = []
+    for gpus, tps, mem in TT1:
+        par = ParallelConfig(dp=gpus, fsdp=True, micro_batch_size=2, seq_len=8192, num_microbatches=1)
+        prof = build_profile("llama3-8b", par, grand_teton_h100())
+        pols = [layer_policy(prof, i, frozenset(TT_SAC_KEEP)) if "DecoderLayer" in layer.block
+                else none_policy(prof, i) for i, layer in enumerate(prof.layers)]
+        ev = evaluate(prof, stage_plans(prof, [0, len(prof.layers)], pols), ideal=False)
+        t = ev.predicted.iteration_time_s
+        rows.append(Row("torchtitan-1", f"8B FSDP {gpus} GPUs lbs2 s8192 op-SAC", tps, 2 * 8192 / t, "TPS/GPU"))
+        rows.append(Row("torchtitan-1", f"8B FSDP {gpus} GPUs memory", mem, ev.peak_bytes / 2**30, "GiB",
+                        checked=False, note="torchtitan reads the allocator's reserved peak; lynx's activation peak "
+                        "leaves out backward's transient gradients (the loss's fp32 logits gradient alone is 8 GiB)"))
+    return rows
+
+
 def fit() -> None:
     """The two grids that set the constants. First the shape model's (GEMM_EFFICIENCY, GEMM_HALF_DIM,
     GEMM_BACKWARD_EFFICIENCY; the same on every NVIDIA kind), scored on Korthikanti's Tables 4 and 5 alone. Then,
@@ -313,6 +357,8 @@ def same_run_in_both(narayanan_rows: list[Row]) -> str:
 
 
 HEADERS = {
+    "torchtitan-1": "torchtitan's H100 (96 GB HBM2e, 500 W), Llama 3.1 8B, FSDP2, local batch 2, s 8192, op-level "
+                    "selective AC, no compile or Float8 (checked on)",
     "korthikanti-4": "A100 80 GB, 22B, tp 8, micro-batch 4, s 2048, math attention, dropout 0.1 (fitted on)",
     "korthikanti-5": "A100 80 GB, tp 8, micro-batch 1 (22B: 4), no DP, math attention, dropout 0.1, blocking p2p "
                      "(fitted on)",
@@ -326,7 +372,7 @@ HEADERS = {
 }
 
 TABLES = {"korthikanti-4": korthikanti_4, "korthikanti-5": korthikanti_5, "narayanan-1": narayanan_1,
-          "megatron-h100": megatron_h100}
+          "megatron-h100": megatron_h100, "torchtitan-1": torchtitan_1}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,8 +168,7 @@ def profile_cmd(
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
                 distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm,
-                sharding=dict(fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size,
-                              cp=cp))
+                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp)
 
 
 @command("plan")
@@ -349,9 +348,8 @@ def tune_cmd(
 ) -> None:
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
-             as_json, out_dir, plot, schedule, virtual_stages,
-             sharding=dict(fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size,
-                           cp=cp))
+             as_json, out_dir, plot, schedule, virtual_stages, fsdp=fsdp, reshard_after_forward=reshard_after_forward,
+             hsdp_shard_size=hsdp_shard_size, cp=cp)
 
 
 @command("export")

@@ -879,7 +879,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
             res.offload_stall_s, res.link_busy_s, res.host_peak_bytes = st.stall, st.copy.busy_s, st.copy.host_peak()
     for r, res in enumerate(results):  # on-demand recomputation beside the DP stream's work: its time is in the waits
         beside = m * sum(run.rec_beside for c in schedules.chunks_of(p, v, r) for run in stage_layers[c])
-        res.exposed_s, res.hidden_s = res.exposed_s - beside, res.hidden_s + beside
+        res.exposed_s, res.hidden_s = max(0.0, res.exposed_s - beside), res.hidden_s + beside
     rank_runs = [[run for c in schedules.chunks_of(p, v, r) for run in stage_layers[c]] for r in range(p)]
     reduce_gradients(profile, rank_runs, results, events)
     return SimResult(max(r.end_s for r in results), results, events or [], releases=[st.released for st in stages],

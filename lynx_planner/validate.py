@@ -308,11 +308,22 @@ def run(plan_paths: list[str], model_path: str, repeats: int = 5, warmup: int = 
 
     plans = [load_model(p, Plan) for p in plan_paths]
     profiles = [_profile_of(plan, path) for plan, path in zip(plans, plan_paths)]
+    if any(plan.parallel.fsdp for plan in plans):  # a data-parallel FSDP2 job (validate_fsdp.py)
+        from . import validate_fsdp
+
+        validate_fsdp.check(plans)
+        for path in plan_paths:
+            dry_run(path, model_path)
+        if getattr(profiles[0], "autocast", None):
+            raise InputError("validate does not run autocast profiles yet")
+        threads = threads or int(profiles[0].model.config.get("threads", 0) or 0) or 1
+        return validate_fsdp.run([str(p) for p in plan_paths], plans, model_path, repeats, warmup, threads,
+                                 getattr(profiles[0], "dtype", None) or "fp32")
     pps = {plan.parallel.pp for plan in plans}
     if len(pps) != 1:
         raise InputError(f"plans with different pipeline depths ({sorted(pps)}) cannot be validated in one job")
     if any(plan.parallel.tp != 1 or plan.parallel.dp != 1 for plan in plans):
-        raise InputError("validate runs pipeline parallelism only (tp = dp = 1)")
+        raise InputError("validate runs pipeline parallelism (tp = dp = 1) or FSDP data parallelism (--fsdp, pp = 1)")
     for path in plan_paths:
         dry_run(path, model_path)  # the plan fits the model file and its profile
     profile = profiles[0]

@@ -158,3 +158,38 @@ def test_zero_bubble_weight_pass_recomputation_counts_in_backward(tmp_path):
     for stage in full["stages"]:
         assert stage["measured"]["recompute_in_backward_s"] > 0
     assert full["stages"][0]["measured"]["recompute_early_s"] == 0  # nothing releases stage 0's early
+
+
+def test_validate_runs_fsdp_plans_in_a_two_rank_fsdp2_job(tmp_path):
+    """An --fsdp profile (dp 2, pp 1) of the example GPT: its none and full plans run in a real 2-rank FSDP2 job
+    (fully_shard per layer, gloo); the full plan recomputes in backward, the none plan does not and holds more."""
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train_gpt_pipeline as example
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    from lynx_planner.analytic import gpt_profile
+    from lynx_planner.models.hardware import HARDWARE
+    from lynx_planner.schema import ParallelConfig
+
+    par = ParallelConfig(dp=2, fsdp=True, seq_len=example.SEQ, micro_batch_size=example.MICRO_BATCH,
+                         num_microbatches=2)
+    prof = gpt_profile(example.CONFIG, par, HARDWARE["a100-80g-nvlink"], dropout=example.DROPOUT)
+    (tmp_path / "profile.json").write_text(dumps(prof))
+    paths = []
+    for algo in ("none", "full"):
+        plan = solvers.plan(prof, "profile.json", file_sha256(tmp_path / "profile.json"), algo, 1 << 60)
+        (tmp_path / f"{algo}.json").write_text(dumps(plan))
+        paths.append(tmp_path / f"{algo}.json")
+    result = CliRunner().invoke(app, ["validate", str(paths[0]), str(EXAMPLE), "--also", str(paths[1]),
+                                      "--repeats", "1", "--warmup", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    none, full = json.loads(result.output[result.output.index("["):])
+    for summary in (none, full):
+        (stage,) = summary["stages"]
+        assert stage["measured"]["forward_s"] > 0 and stage["measured"]["backward_s"] > 0
+        assert summary["iteration"]["measured_s"] > 0
+    assert none["stages"][0]["measured"]["recompute_in_backward_s"] == 0
+    assert full["stages"][0]["measured"]["recompute_in_backward_s"] > 0
+    assert full["stages"][0]["measured"]["held_at_backward_bytes"] < none["stages"][0]["measured"][
+        "held_at_backward_bytes"]

@@ -21,7 +21,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         seq_len: int | None, num_microbatches: int | None, sequence_parallel: bool, ep: int, attention, dropout: float,
         method, device, dtype, autocast, threads: int | None, repeats: int | None, schedule, virtual_stages: int,
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
-        tp_comm_overlap: bool, overlap_p2p_comm: bool, sharding: dict | None = None) -> None:
+        tp_comm_overlap: bool, overlap_p2p_comm: bool, fsdp: bool = False, reshard_after_forward: bool = True,
+        hsdp_shard_size: int | None = None, cp: int = 1) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -29,8 +30,8 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         raise InputError(f"{'--threads' if threads is not None else '--repeats'} applies to --method measure only")
     check_threads(threads)
     hw = find_hardware(hardware)
-    sharding = sharding or {}
-    distributed_optimizer = resolve_distributed_optimizer(distributed_optimizer, sharding.get("fsdp", False))
+    sharding = dict(fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp)
+    distributed_optimizer = resolve_distributed_optimizer(distributed_optimizer, fsdp)
     try:
         par = ParallelConfig(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size or 1, seq_len=seq_len or 2048,
                              num_microbatches=num_microbatches or 2 * pp, sequence_parallel=sequence_parallel,

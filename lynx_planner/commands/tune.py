@@ -23,13 +23,13 @@ from .user_code import call_model_file
 def run(model: str, global_batch: int, hardware: str, gpus: int | None, seq_len: int, memory_limit: str | None,
         time_limit: float | None, top: int, ep: int | None, distributed_optimizer: bool, as_json: bool,
         out_dir: Path | None, plot: Path | None, schedule: str, virtual_stages: int | None,
-        sharding: dict | None = None) -> None:
+        fsdp: bool = False, reshard_after_forward: bool = True, hsdp_shard_size: int | None = None,
+        cp: int | None = None) -> None:
     from .. import schedules as schedule_names
     from .. import tune
     from .profile import resolve_distributed_optimizer
 
-    sharding = sharding or {}
-    search = tune.ParallelSearch(**sharding)
+    search = tune.ParallelSearch(fsdp, reshard_after_forward, hsdp_shard_size, cp)
     distributed_optimizer = resolve_distributed_optimizer(distributed_optimizer, search.fsdp)
     if not search.fsdp and (search.hsdp_shard_size is not None or not search.reshard_after_forward):
         raise InputError("--hsdp-shard-size and --no-reshard-after-forward need --fsdp")

@@ -110,7 +110,7 @@ class LynxRuntime:
         if training and layer.scope is not None and conflicts.compiled():
             raise PlanMismatchError(conflicts.compile_message(layer.path))
         if training and not layer.checked:
-            conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.at)  # sharded after apply_plan
+            conflicts.check_fsdp(layer.path, layer.module, [*layer.outer], layer.policy.at)  # sharded after apply_plan
         if layer.scope is None or not torch.is_grad_enabled():
             out = forward(*args, **kwargs)
         else:
@@ -144,11 +144,14 @@ class LynxRuntime:
         if not (recompute or reload):
             return
         tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        below_module = self.layers[position - 1].module
 
         def entered(_grad: Any) -> None:  # backward reaches this layer: the layer below's reload, then recompute
             if reload:
                 region.stash.prefetch()
             if recompute:
+                if not region.recomputed:
+                    conflicts.gather_for_recompute(below_module)  # FSDP2: its parameters, as backward prefetch would
                 region.recompute("layer_above")
         if tensors:
             torch.autograd.graph.register_multi_grad_hook(tensors, entered, mode="any")
@@ -192,6 +195,8 @@ class LynxRuntime:
             if layer.at == at:
                 region = self._regions.get((micro_batch, layer.index))
                 if region is not None:
+                    if layer.policy.at == "layer_above" and not region.recomputed:  # a top layer's, at the wait
+                        conflicts.gather_for_recompute(layer.module)
                     region.recompute(at)
 
     def recomputations(self, micro_batch: int | None = None) -> dict[int, list[str]]:
@@ -246,7 +251,7 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
               for k, ((index, name, path, p), m) in enumerate(zip(chosen, modules))]
     for layer in layers:
         layer.outer = tuple(conflicts.ancestors(module, split_use(layer.path)[0]))
-        conflicts.check_static(layer.path, layer.module, [*layer.outer], layer.at)
+        conflicts.check_static(layer.path, layer.module, [*layer.outer], layer.policy.at)
     check_dtype(plan, [layer.path for layer in layers], modules)
     runtime = LynxRuntime(stage_plan.stage, layers, plan.parallel)
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None

@@ -70,18 +70,39 @@ def check_static(path: str, module: nn.Module, outer: list[nn.Module], at: str) 
 
 
 def check_fsdp(path: str, module: nn.Module, outer: list[nn.Module], at: str) -> None:
-    """FSDP2 frees a layer's unsharded parameters after its forward and gathers them again only for its own
-    backward: a recomputation released earlier (layer_above, grad_wait, prev_forward) would read freed storage."""
+    """FSDP2 frees a layer's unsharded parameters after its forward and gathers them again for its own backward. A
+    recomputation released when backward enters the layer above (layer_above) runs once the runtime has gathered
+    the layer's own FSDP2 groups itself (gather_for_recompute: the all-gather FSDP2's backward prefetch would issue
+    there); released earlier (grad_wait, prev_forward) it would keep them gathered far longer, and a layer whose
+    parameters an FSDP2 group around it owns cannot be gathered alone: refused, unless every group keeps its
+    parameters gathered (reshard_after_forward=False)."""
     fsdp = _fsdp_type()
     if fsdp is None or at not in EARLY:
         return
-    sharded = [m for m in [*outer[1:], *module.modules()] if isinstance(m, fsdp)]
-    if sharded and not _keeps_gathered(sharded):
-        raise PlanMismatchError(
-            f"layer {path!r} is sharded by FSDP2 (fully_shard) and its plan recomputes it early ({at}): FSDP2 "
-            "frees the layer's gathered parameters after its forward and gathers them again only for its own "
-            "backward, so an early recomputation would read freed memory. Plan with on_demand placements for "
-            "FSDP-sharded layers, or shard them with fully_shard(..., reshard_after_forward=False)")
+    around = [m for m in outer[1:] if isinstance(m, fsdp)]
+    inside = [m for m in module.modules() if isinstance(m, fsdp)]
+    if not around + inside or _keeps_gathered(around + inside):
+        return
+    if at == "layer_above" and _keeps_gathered(around):
+        return
+    raise PlanMismatchError(
+        f"layer {path!r} is sharded by FSDP2 (fully_shard) and its plan recomputes it early ({at}): FSDP2 "
+        "frees the layer's gathered parameters after its forward and gathers them again only for its own "
+        "backward, so an early recomputation would read freed memory. Plan with on_demand or layer_above placements "
+        "for FSDP-sharded layers (shard each layer with its own fully_shard), or shard them with "
+        "fully_shard(..., reshard_after_forward=False)")
+
+
+def gather_for_recompute(module: nn.Module) -> None:
+    """Before an early recomputation of a layer: all-gather its own FSDP2 groups that resharded after the forward
+    (FSDPModule.unshard; FSDP2's own pre-backward then finds them gathered, and reshards them after the layer's
+    backward as usual)."""
+    fsdp = _fsdp_type()
+    if fsdp is None:
+        return
+    for m in module.modules():
+        if isinstance(m, fsdp) and not _keeps_gathered([m]):
+            m.unshard()
 
 
 def _keeps_gathered(sharded: list[nn.Module]) -> bool:
