@@ -98,7 +98,8 @@ def _trade(problem: Problem, bounds: list[int], pols: list[LayerPolicy]) -> list
     def judge(fraction: float):
         ps = variant(fraction)
         ev = evaluate(profile, stage_plans(profile, bounds, ps), ideal=False)
-        return (not ev.fits(problem.memory_limit), ev.predicted.iteration_time_s), ps
+        # ties (within a nanosecond) go to offloading less: the link's traffic and host memory are not free
+        return (not ev.fits(problem.memory_limit), round(ev.predicted.iteration_time_s, 9), fraction), ps
 
     most = max((len(c) for c in per_stage), default=0)
     if most == 0:
