@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from . import offload, placements, policy, schedules, simulator, streams
 from .parallel import fsdp
 from .memo import per_object
-from .schema import PLAN_OFFLOAD_VERSION, LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
+from .schema import (PLAN_OFFLOAD_VERSION, LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan,
+                     StagePrediction)
 
 
 def static_bytes(profile: Profile, first: int, end: int) -> int:
@@ -155,7 +156,8 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
     ev = evaluation or evaluate(profile, stages)
     par = profile.parallel
     offloads = any(pol.offload for st in stages for pol in st.policies)
-    return Plan(schema_version=PLAN_OFFLOAD_VERSION if offloads else 1, algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
+    return Plan(schema_version=PLAN_OFFLOAD_VERSION if offloads else 1, algo=algo, profile_sha256=profile_sha256,
+                profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
                                       schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep,
                                       fsdp=par.fsdp, reshard_after_forward=par.reshard_after_forward,

@@ -150,7 +150,7 @@ def policy_problem(profile: Profile, info, pol) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------ Megatron's offload and recompute modules
+# ------------------------------------------------------------------------- Megatron's offload and recompute modules
 
 # Megatron-core's fine-grained offloading modules (docs/user-guide/features/fine_grained_activation_offloading.md:
 # attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act) and layer_input (the layer's input,
@@ -158,8 +158,8 @@ def policy_problem(profile: Profile, info, pol) -> str | None:
 # Face Llama/Mistral/Qwen/Mixtral, torchtitan) or, for core attention, by its tag.
 _PATHS = {
     "attn_norm": ("ln1", "input_layernorm", "attention_norm", "ln_1", "norm1"),
-    "qkv_linear": ("qkv", "q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "c_attn", "query_key_value", "kv_a_proj_with_mqa",
-                   "q_a_proj", "q_b_proj", "kv_b_proj"),
+    "qkv_linear": ("qkv", "q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "c_attn", "query_key_value",
+                   "kv_a_proj_with_mqa", "q_a_proj", "q_b_proj", "kv_b_proj"),
     "attn_proj": ("proj", "o_proj", "wo", "dense"),
     "mlp_norm": ("ln2", "post_attention_layernorm", "ffn_norm", "ln_2", "norm2"),
 }

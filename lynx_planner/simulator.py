@@ -727,7 +727,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     tables = [_rank_tables(par.schedule, p, v, r, m) for r in range(p)]
     orders = [t[0] for t in tables]
     stages = []
-    link = offload.rank_link(profile) if any(run.off_bytes for runs in stage_layers for run in runs) else None
+    link = streams.copy_link(profile) if any(run.off_bytes for runs in stage_layers for run in runs) else None
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
                              tables[r][1], split, link))

@@ -128,11 +128,12 @@ _GEN4 = "PCIe 4.0 x16: 0.88 x 31.5 GB/s (the Gen5 measurement's efficiency; not 
 _GEN5 = "PCIe 5.0 x16: nvbandwidth host_to_device_memcpy_ce 55.6 GB/s on H100 (device-to-host taken equal)."
 _SWITCH = " The GPU and its NIC share one PCIe switch port (HGX/DGX): GPUDirect RDMA traffic crosses the same x16 link."
 
+_G3, _G4 = _EFF * 15.75, _EFF * 31.5
 HOST_LINKS: dict[str, HostLink] = {
-    "v100-32g-nvlink": HostLink("pcie3-x16", _EFF * 15.75, _EFF * 15.75, True, 32, _GEN3 + _SWITCH + " DGX-1: 512 GB host / 8 GPUs."),
-    "a100-40g-nvlink": HostLink("pcie4-x16", _EFF * 31.5, _EFF * 31.5, True, 64, _GEN4 + _SWITCH + " DGX A100: 1 TB host / 8 GPUs."),
-    "a100-80g-nvlink": HostLink("pcie4-x16", _EFF * 31.5, _EFF * 31.5, True, 128, _GEN4 + _SWITCH + " DGX A100 80G: 2 TB / 8 GPUs."),
-    "a100-80g-pcie": HostLink("pcie4-x16", _EFF * 31.5, _EFF * 31.5, False, 64, _GEN4 + " The node's NIC has its own slot."),
+    "v100-32g-nvlink": HostLink("pcie3-x16", _G3, _G3, True, 32, _GEN3 + _SWITCH + " DGX-1: 512 GB host / 8 GPUs."),
+    "a100-40g-nvlink": HostLink("pcie4-x16", _G4, _G4, True, 64, _GEN4 + _SWITCH + " DGX A100: 1 TB host / 8 GPUs."),
+    "a100-80g-nvlink": HostLink("pcie4-x16", _G4, _G4, True, 128, _GEN4 + _SWITCH + " DGX A100 80G: 2 TB / 8 GPUs."),
+    "a100-80g-pcie": HostLink("pcie4-x16", _G4, _G4, False, 64, _GEN4 + " The node's NIC has its own slot."),
     "h100-80g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128, _GEN5 + _SWITCH + " DGX H100: 2 TB / 8 GPUs."),
     "h200-141g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128, _GEN5 + _SWITCH + " DGX H200: 2 TB / 8 GPUs."),
     "b200-180g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128,
