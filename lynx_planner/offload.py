@@ -219,8 +219,10 @@ def summary_line(stages, iteration_s: float) -> str:
     util = max(p.link_busy_s for p in stages) / iteration_s if iteration_s > 0 else 0.0
     stall = max(p.offload_stall_s for p in stages)
     host = max(p.host_peak_bytes for p in stages)
-    return (f"offload: {worst.offloaded_bytes / 2**30:.2f} GiB per micro-batch (stage {worst.stage}), host link busy "
-            f"{util:.0%} of the iteration, backward stalls {stall * 1e3:.1f} ms, host memory {host / 2**30:.2f} GiB")
+    from .io import format_bytes
+
+    return (f"offload: {format_bytes(worst.offloaded_bytes)} per micro-batch (stage {worst.stage}), host link busy "
+            f"{util:.0%} of the iteration, backward stalls {stall * 1e3:.1f} ms, host memory {format_bytes(host)}")
 
 
 # ------------------------------------------------------------------------------------------------- measuring the link
