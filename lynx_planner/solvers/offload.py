@@ -3,7 +3,9 @@
 heu-offload   HEU's plan, then its recomputation traded for offload where the host link carries it in time: layers
               that recompute (on demand first, spread evenly over the stage) keep everything and offload what HEU
               recomputed, as many as make the simulated iteration fastest within the memory limit; the rest is
-              recomputed as HEU planned.
+              recomputed as HEU planned. Also HEU's plans for budgets above the limit (SHED_SHARES), brought back
+              under it by offloading what their layers keep (spread evenly, as many as simulate fastest). The
+              simulator picks.
 offload       Megatron-core's fine-grained activation offloading as its docs advise: offload the modules with real
               recomputation cost (core_attn, attn_proj; expert_fc1 on MoE layers) and recompute the cheap ones
               (--recompute-modules layernorm moe_act), on its even split (`--offload-modules` picks others).
@@ -13,6 +15,8 @@ All reload one layer ahead (layer_above), as Megatron and Transformer Engine pre
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from .. import offload, policy
 from ..evaluate import evaluate, layer_policy, none_policy, stage_plans
@@ -78,41 +82,89 @@ def spread(items: list[int], n: int) -> list[int]:
     return [items[(2 * j + 1) * len(items) // (2 * n)] for j in range(n)]
 
 
-def _trade(problem: Problem, bounds: list[int], pols: list[LayerPolicy]) -> list[LayerPolicy]:
-    """HEU's policies with the best number of recomputing layers per stage turned to offload (the simulator judges)."""
+def _fastest(problem: Problem, bounds: list[int], pols: list[LayerPolicy], per_stage: list[list[int]], convert
+             ) -> tuple[tuple, list[LayerPolicy]]:
+    """((does not fit, simulated seconds, share), policies): the share of each stage's candidate layers (in order of
+    preference) turned by `convert` that simulates fastest within the memory limit; ties go to converting less (the
+    link's traffic and host memory are not free)."""
     profile = problem.profile
-    per_stage = []
-    for s in range(len(bounds) - 1):
-        layers = [i for i in range(bounds[s], bounds[s + 1]) if pols[i].recompute]
-        first = [i for i in layers if pols[i].at == "on_demand"]  # exposed recomputation first
-        per_stage.append(spread(first, len(first)) + spread([i for i in layers if i not in first], len(layers)))
 
-    def variant(fraction: float) -> list[LayerPolicy]:
-        out = list(pols)
+    def judge(fraction: float):
+        ps = list(pols)
         for cands in per_stage:
             k = round(fraction * len(cands))
             for i in sorted(spread(cands[:k], k)) if k else []:
-                out[i] = offloaded_instead(profile, pols[i])
-        return out
-
-    def judge(fraction: float):
-        ps = variant(fraction)
-        ev = evaluate(profile, stage_plans(profile, bounds, ps), ideal=False)
-        # ties (within a nanosecond) go to offloading less: the link's traffic and host memory are not free
-        return (not ev.fits(problem.memory_limit), round(ev.predicted.iteration_time_s, 9), fraction), ps
+                ps[i] = convert(pols[i])
+        e = evaluate(profile, stage_plans(profile, bounds, ps), ideal=False)
+        return (not e.fits(problem.memory_limit), round(e.predicted.iteration_time_s, 9), fraction), ps
 
     most = max((len(c) for c in per_stage), default=0)
     if most == 0:
-        return pols
+        return judge(0.0)
     steps = min(most, 16)
-    scores = {j: judge(j / steps) for j in range(steps + 1)}
-    best = min(scores, key=lambda j: scores[j][0])
+    scores = [judge(j / steps) for j in range(steps + 1)]
+    best = min(range(steps + 1), key=lambda j: scores[j][0])
     if steps < most:  # refine between the neighbours of the best coarse point
         lo, hi = max(0, best - 1) / steps, min(steps, best + 1) / steps
-        fine = {f: judge(f) for f in (lo + (hi - lo) * t / 8 for t in range(9))}
-        f = min(fine, key=lambda x: fine[x][0])
-        return fine[f][1] if fine[f][0] < scores[best][0] else scores[best][1]
-    return scores[best][1]
+        scores += [judge(lo + (hi - lo) * t / 8) for t in range(1, 8)]
+    return min(scores, key=lambda x: x[0])
+
+
+def _trade(problem: Problem, bounds: list[int], pols: list[LayerPolicy]) -> tuple[tuple, list[LayerPolicy]]:
+    """HEU's policies with recomputing layers turned to offload (exposed recomputation first)."""
+    per_stage = []
+    for s in range(len(bounds) - 1):
+        layers = [i for i in range(bounds[s], bounds[s + 1]) if pols[i].recompute]
+        first = [i for i in layers if pols[i].at == "on_demand"]
+        per_stage.append(spread(first, len(first)) + spread([i for i in layers if i not in first], len(layers)))
+    return _fastest(problem, bounds, pols, per_stage, lambda p: offloaded_instead(problem.profile, p))
+
+
+def offload_kept(profile: Profile, p: LayerPolicy) -> LayerPolicy:
+    """Layer policy p with everything it keeps offloaded (its recomputation unchanged)."""
+    info = policy.analyse(profile.blocks[p.block])
+    off = [u for u in p.keep if u not in p.recompute and info.unit_bytes[u] > 0]
+    return p.model_copy(update={"offload": off}) if off and p.recompute_with is None else p
+
+
+def _shed(problem: Problem, bounds: list[int], pols: list[LayerPolicy], rep: str) -> tuple[tuple, list[LayerPolicy]]:
+    """A plan HEU made for more memory than the limit, brought under it by offloading what layers keep (spread)."""
+    per_stage = [spread(c, len(c)) for c in
+                 ([i for i in range(bounds[s], bounds[s + 1]) if problem.profile.layers[i].block == rep]
+                  for s in range(len(bounds) - 1))]
+    return _fastest(problem, bounds, pols, per_stage, lambda p: offload_kept(problem.profile, p))
+
+
+# HEU with offload also plans for more memory than there is and offloads its way back under the limit: budgets this
+# share of the way from the limit to keeping everything, tried in turn while they get faster.
+SHED_SHARES = (0.125, 0.25, 0.375, 0.5, 0.75)
+
+
+def _heu_offload(problem: Problem, rep: str) -> Strategy:
+    from . import heu
+
+    base = heu.search(problem, "heu")
+    best_key, best = _trade(problem, base.bounds, base.policies)
+    best_bounds = base.bounds
+    keep_all = evaluate(problem.profile, stage_plans(problem.profile, base.bounds, [
+        none_policy(problem.profile, i) for i in range(len(problem.profile.layers))]), ideal=False).peak_bytes
+    worse = 0
+    for share in SHED_SHARES:
+        more = replace(problem, memory_limit=int(problem.memory_limit + share * (keep_all - problem.memory_limit)))
+        if more.memory_limit <= problem.memory_limit:
+            break
+        try:
+            wide = heu.search(more, "heu")
+        except Infeasible:
+            break
+        key, pols = _shed(problem, wide.bounds, wide.policies, rep)
+        if key[:2] < best_key[:2]:
+            best_key, best, best_bounds, worse = key, pols, wide.bounds, 0
+        else:
+            worse += 1
+            if worse == 2:
+                break
+    return Strategy(best_bounds, best, status="heuristic")
 
 
 # The settings a Megatron user tries in turn, as its docs advise (offload what is costly to recompute, recompute the
@@ -156,10 +208,7 @@ def search(problem: Problem, algo: str) -> Strategy:
     rep = repeated_block(profile)
     n = len(profile.layers)
     if algo == "heu-offload":
-        from . import heu
-
-        base = heu.search(problem, "heu")
-        return Strategy(base.bounds, _trade(problem, base.bounds, base.policies), status="heuristic")
+        return _heu_offload(problem, rep)
     bounds = even_bounds(profile, n_chunks(profile))
     if algo == "full-offload":
         pols = [full_offload(profile, i) if profile.layers[i].block == rep else none_policy(profile, i)
