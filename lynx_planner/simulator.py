@@ -54,6 +54,7 @@ class LayerRun:
     wgrad_bytes: int = 0  # held from B to W: the weight GEMMs' and norms' output gradients (a chunk's lowest layer: and
     # the chunk's input gradient)
     rec_beside: float = 0.0  # of rec_s on demand, what runs while the DP stream's work outlasts the layer (hidden)
+    spans: tuple = ()  # for the trace: its communication beside the compute (streams.op_spans, LayerWaits.spans)
     # the stream each idle segment of fwd, bwd and bwd_input waits for (streams.py); () for all TP collectives
     fwd_streams: tuple[str, ...] = ()
     bwd_streams: tuple[str, ...] = ()
@@ -202,7 +203,8 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
     off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
     return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
-                    fwd_streams=fwd_streams, bwd_streams=bwd_streams, off_bytes=off, reload=pol.reload)
+                    fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block),
+                    off_bytes=off, reload=pol.reload)
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -249,7 +251,7 @@ def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[La
         bwd, bn = _waited(r.bwd, r.bwd_streams, w.bwd_before, w.bwd_after)
         bi, bin_ = _waited(r.bwd_input, r.bwd_input_streams, w.bwd_before, w.bwd_after)
         out.append(replace(r, fwd=fwd, bwd=bwd, bwd_input=bi, fwd_streams=fn, bwd_streams=bn,
-                           bwd_input_streams=bin_, rec_beside=w.rec_beside))
+                           bwd_input_streams=bin_, rec_beside=w.rec_beside, spans=r.spans + w.spans))
     return out
 
 
@@ -492,6 +494,13 @@ class _Stage:
                     self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
                 self.idle(self.t + dt)
 
+    def _spans(self, r: LayerRun, phase: str, k: int) -> None:
+        """Trace only: the layer's communication beside its compute (streams.py), from the layer's start in `phase`."""
+        if self.trace is not None:
+            for stream, name, at, offset, dur in r.spans:
+                if at == phase:
+                    self._event(stream, f"{name} mb{k}", self.t + offset, dur)
+
     def _expose(self, k: int, index: int, work: float, nbytes: int, started: bool) -> None:
         if not started:
             self.mem.note(self.t, nbytes)
@@ -522,6 +531,7 @@ class _Stage:
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
         for l, r in enumerate(ch.runs):
+            self._spans(r, "F", k)
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
             self.mem.note(self.t, r.kept_bytes)
             if r.off_bytes:  # the copy out, queued behind earlier ones; the device bytes are freed when it ends
@@ -584,6 +594,7 @@ class _Stage:
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
             if r.off_bytes:
                 self._await_reload(c, k, l)
+            self._spans(r, "B", k)
             self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
                            r.bwd_input_streams if split else r.bwd_streams)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients

@@ -109,6 +109,34 @@ def op_waits(profile: Profile, block: Block) -> tuple[tuple[str, float, float, s
     return tuple(out)
 
 
+def op_spans(profile: Profile, block: Block) -> tuple[tuple[str, str, str, float, float], ...]:
+    """What the trace draws of a block's communication beside its compute, waited for or not: (stream, name, phase
+    'F' or 'B', seconds from the layer's start in that phase, seconds). Context parallelism: each attention's whole
+    ring exchange, from the attention's start (forward) or from its backward's start (backward)."""
+    par = profile.parallel
+    if par.cp == 1:
+        return ()
+    ops = [op for op in block.ops if not op.view]
+    ids = {op.id: op for op in ops}
+    waits = {w[0]: w for w in op_waits(profile, block)}
+    out, t = [], 0.0
+    for op in ops:  # forward offsets: every op and wait before the attention
+        if "core_attn" in op.tags and op.kind == "compute" and len(op.inputs) >= 3:
+            kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)
+            f, _ = cp_dim.exchange_s(par.cp, kv, bus(profile, "cp"))
+            out.append((CP, "K/V ring", "F", t, f))
+        t += op.fwd_s + (waits[op.id][1] if op.id in waits else 0.0)
+    t = 0.0
+    for op in reversed(ops):
+        t += waits[op.id][2] if op.id in waits else 0.0
+        if "core_attn" in op.tags and op.kind == "compute" and len(op.inputs) >= 3:
+            kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)
+            _, b = cp_dim.exchange_s(par.cp, kv, bus(profile, "cp"))
+            out.append((CP, "K/V + dK/dV ring", "B", t, b))
+        t += op.bwd_s
+    return tuple(out)
+
+
 # ------------------------------------------------------------------------------------------- waits between layers
 
 @dataclass(frozen=True)
@@ -121,6 +149,7 @@ class LayerWaits:
     bwd_before: float = 0.0
     bwd_after: float = 0.0
     rec_beside: float = 0.0  # on-demand recomputation of the layer that runs beside the DP stream's work: hidden
+    spans: tuple[tuple[str, str, str, float, float], ...] = ()  # for the trace: as op_spans, this layer's collectives
 
 
 def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: list[float],
@@ -139,7 +168,7 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         return [LayerWaits() for _ in layers]
     shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
     params = [profile.layers[i].params for i in layers]
-    ag = [fsdp.all_gather_s(n, par, shard) for n in params]
+    ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
     rs = [fsdp.reduce_scatter_s(n, par, shard, rep) for n in params]
     regather = fsdp.gathers_in_backward(par)
     rec = on_demand_s or [0.0] * len(layers)
@@ -148,7 +177,16 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])
         bwd_before = ag[j] if regather and j == len(layers) - 1 else 0.0
         comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j])
-        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), min(rec[j], comm)))
+        # the trace's spans: this layer's all-gather ending as its forward compute starts (after the wait); in
+        # backward, the next lower layer's all-gather from its start (resharded), then this layer's reduce-scatter
+        # once its compute ends (the wait after it, if any, is these outlasting it)
+        spans = [(DP, f"all-gather L{layers[j]}", "F", before - ag[j], ag[j])]
+        if j > 0 and regather:
+            spans.append((DP, f"all-gather L{layers[j - 1]}", "B", 0.0, ag[j - 1]))
+        end = bwd_before + bwd_s[j] + rec[j]
+        spans.append((DP, f"reduce-scatter L{layers[j]}", "B", max(end, ag[j - 1] if j > 0 and regather else 0.0),
+                      rs[j]))
+        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), min(rec[j], comm), tuple(spans)))
     return out
 
 

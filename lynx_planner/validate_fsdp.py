@@ -23,10 +23,6 @@ from .schema import Plan
 from .validate import PlanRun, StageTimes, _failure, _free_port, _profile_of, _rotated, _squares, _stage_module
 
 
-def is_fsdp(plan: Plan) -> bool:
-    return plan.parallel.fsdp
-
-
 def check(plans: list[Plan]) -> int:
     """The DP world size of FSDP plans that can be validated together (InputError otherwise)."""
     par = plans[0].parallel

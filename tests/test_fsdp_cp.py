@@ -106,8 +106,14 @@ def test_cp_attention_work_and_ring_exchange_by_hand():
 
     stages = stage_plans(prof, [0, len(prof.layers)], [none_policy(prof, i) for i in range(len(prof.layers))])
     ev = evaluate(prof, stages, trace=True)
-    on_cp = sum(e["dur"] for e in ev.sim.trace if e["tid"] == streams.CP) / 1e6
-    assert on_cp == pytest.approx(32 * prof.parallel.num_microbatches * (fwd + bwd), rel=1e-6)
+    waits = [e for e in ev.sim.trace if e["tid"] == streams.CP and not e["name"].startswith("K/V")]
+    m = prof.parallel.num_microbatches
+    assert sum(e["dur"] for e in waits) / 1e6 == pytest.approx(32 * m * (fwd + bwd), rel=1e-6)
+    # and the whole exchange beside the attention, hidden or not: 15 steps of the chunk (backward: with dK/dV)
+    rings = [e for e in ev.sim.trace if e["tid"] == streams.CP and e["name"].startswith("K/V")]
+    assert len(rings) == 2 * 32 * m
+    assert sum(e["dur"] for e in rings) / 1e6 == pytest.approx(
+        32 * m * 15 * ((kv / bw + lat) + (2 * kv / bw + lat)), rel=1e-6)
 
 
 def test_fsdp_waits_by_hand_70b_hsdp_across_nodes():
@@ -177,3 +183,24 @@ def test_cp_refused_where_not_priced(tmp_path):
 def test_distributed_optimizer_help_says_zero1():
     r = lynx("profile", "--help")
     assert "ZeRO-1" in r.output and "--fsdp" in r.output and "--cp" in r.output
+
+
+def test_tune_picks_context_parallelism_where_memory_demands_it():
+    """One 128K-token sequence of Llama 3 8B on 8 H100s: on one GPU's worth of the sequence not even full
+    recomputation fits (the layers' inputs alone are 1 GiB each at 131072 tokens); only splitting the sequence does,
+    by TP with sequence parallelism or by CP. tune --fsdp searches CP and its best layout uses it."""
+    from lynx_planner import tune
+
+    hw = H100
+    search = tune.ParallelSearch(fsdp=True)
+    profiles = tune.Profiles("llama3-8b", hw, 131072, False, search=search)
+    result = tune.tune("llama3-8b", 8, hw, 1, 131072, top=3, distributed_optimizer=False, profiles=profiles,
+                       make_plan=False)
+    assert result.top and all(r.layout.cp > 1 and r.layout.fsdp for r in result.top[:1])
+    from lynx_planner.models.hardware import default_memory_limit
+
+    whole = profile_of("llama3-8b", dp=8, fsdp=True, seq_len=131072, num_microbatches=1)  # each GPU: the sequence
+    assert solve(whole, "full", 1 << 50).evaluation.peak_bytes > default_memory_limit(hw)
+    best_without = max((r.tokens_per_s_per_gpu for r in result.rows if r.fits and r.layout.cp == 1), default=0.0)
+    assert result.top[0].tokens_per_s_per_gpu > best_without
+    assert {"cp", "fsdp", "hsdp_shard_size"} <= set(result.top[0].json())

@@ -11,8 +11,9 @@ Transient bytes (allocated per unit while it runs; counted with the static bytes
 forward: the unit's gathered bf16 parameters and the next unit's, all-gathered ahead (FSDP2's implicit forward
 prefetch: the copy-in of unit i+1 is issued while unit i computes); backward: the unit's and the next-lower unit's
 (explicit backward prefetch) gathered parameters, the unit's unsharded bf16 gradient and its fp32 copy that the
-reduce-scatter reads (reduce_dtype fp32): 2 + 2 + 2 + 4 bytes per parameter of a unit. With reshard_after_forward
-false every gathered unit of the rank stays from its forward to its backward: 2 bytes per parameter of all of them.
+reduce-scatter reads (reduce_dtype fp32): 2 + 2 + 2 + 4 bytes per parameter of a unit (a profile in plain fp32:
+4 + 4 + 4, its gradient already fp32). With reshard_after_forward false every gathered unit of the rank stays from
+its forward to its backward: 2 (fp32: 4) bytes per parameter of all of them.
 
 Collectives per micro-batch (FSDP2 syncs gradients on every backward unless told not to; torchtitan does not):
 all-gather of each unit's bf16 parameters before its forward and, resharded after forward, again before its
@@ -30,7 +31,6 @@ GRAD_BYTES = 4  # fp32 sharded gradient
 ADAM_BYTES = 8  # m and v, fp32
 GATHER_BYTES = 2  # bf16 parameters the all-gather moves (param_dtype)
 REDUCE_BYTES = 4  # fp32 gradients the reduce-scatter moves (reduce_dtype)
-GRAD_COMPUTE_BYTES = 2  # the unsharded bf16 gradient autograd writes before FSDP casts it for the reduce-scatter
 
 
 def shard_size(par: ParallelConfig) -> int:
@@ -52,6 +52,19 @@ def bytes_per_param(par: ParallelConfig) -> float:
     return (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) / shard_ranks(par)
 
 
+def gather_bytes(profile: Profile) -> int:
+    """Bytes per parameter the all-gather moves: bf16 (param_dtype of the mixed-precision policy), or fp32 for a
+    profile trained in fp32 without autocast (FSDP2 without a MixedPrecisionPolicy gathers the fp32 shards)."""
+    return PARAM_BYTES if profile.dtype == "fp32" and profile.autocast is None else GATHER_BYTES
+
+
+def unsharded_grad_bytes(profile: Profile) -> int:
+    """Bytes per parameter of a unit's gradient before its reduce-scatter: autograd's gradient in the gathered
+    parameters' dtype and, where that is not fp32, FSDP2's fp32 copy for the reduction."""
+    g = gather_bytes(profile)
+    return g + (REDUCE_BYTES if g != REDUCE_BYTES else 0)
+
+
 def transient_bytes(profile: Profile, layers: list[int]) -> int:
     """Peak of the gathered parameters and unsharded gradients on a rank that holds `layers` (global indices, in
     order): the largest over its units of the forward's (this unit and the next gathered) and the backward's (this
@@ -61,19 +74,21 @@ def transient_bytes(profile: Profile, layers: list[int]) -> int:
     if not par.fsdp or not layers:
         return 0
     n = [profile.layers[i].params for i in layers]
-    grads = max(n) * (GRAD_COMPUTE_BYTES + REDUCE_BYTES)
+    g, gb = gather_bytes(profile), unsharded_grad_bytes(profile)
+    grads = max(n) * gb
     if not par.reshard_after_forward:
-        return GATHER_BYTES * sum(n) + grads
+        return g * sum(n) + grads
     nxt = [n[j + 1] if j + 1 < len(n) else 0 for j in range(len(n))]
     lower = [n[j - 1] if j > 0 else 0 for j in range(len(n))]
-    fwd = max(GATHER_BYTES * (a + b) for a, b in zip(n, nxt))
-    bwd = max(GATHER_BYTES * (a + b) + a * (GRAD_COMPUTE_BYTES + REDUCE_BYTES) for a, b in zip(n, lower))
+    fwd = max(g * (a + b) for a, b in zip(n, nxt))
+    bwd = max(g * (a + b) + a * gb for a, b in zip(n, lower))
     return max(fwd, bwd)
 
 
-def all_gather_s(params: int, par: ParallelConfig, shard_bus: tuple[float, float]) -> float:
-    """All-gather of one unit's bf16 parameters over its shard group."""
-    return costs.all_gather_s(GATHER_BYTES * params, shard_ranks(par), shard_bus)
+def all_gather_s(params: int, par: ParallelConfig, shard_bus: tuple[float, float], nbytes: int = GATHER_BYTES
+                 ) -> float:
+    """All-gather of one unit's parameters (`nbytes` each: gather_bytes) over its shard group."""
+    return costs.all_gather_s(nbytes * params, shard_ranks(par), shard_bus)
 
 
 def reduce_scatter_s(params: int, par: ParallelConfig, shard_bus: tuple[float, float],
