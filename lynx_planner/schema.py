@@ -211,7 +211,7 @@ class ParallelConfig(_Model):
         if self.seq_len % self.cp:
             raise ValueError(f"cp ({self.cp}) must divide seq_len ({self.seq_len}): each CP rank holds an equal "
                              "share of the sequence")
-        if self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
+        if self.cp > 1 and self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide seq_len / cp ({self.seq_len // self.cp}) under "
                              "sequence_parallel")
         if self.dp % self.ep:
