@@ -116,6 +116,6 @@ def test_reload_fires_when_backward_enters_the_layer_above():
         stash = runtime._regions[(0, index)].stash
         stash.prefetch = (lambda f, i: lambda: (order.append((i, runtime.offloader.fetched_bytes)), f()))(
             stash.prefetch, index)
-    size = {i: sum(s.nbytes for _, s in runtime._regions[(0, i)].stash._by_storage.values()) for i in (2, 3, 4)}
+    size = {i: sum(s.nbytes for s in runtime._regions[(0, i)].stash.stored) for i in (2, 3, 4)}
     out.float().sum().backward()
     assert order == [(3, 0), (2, size[4] + size[3])]

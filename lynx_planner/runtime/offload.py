@@ -111,7 +111,8 @@ class Stash:
 
     def __init__(self, offloader: Offloader):
         self.offloader = offloader
-        self._by_storage: dict[tuple[int, int], tuple[StorageWeakRef, _Stored]] = {}
+        self._by_storage: dict[tuple[int, int], tuple[StorageWeakRef, _Stored]] = {}  # for sharing a live storage
+        self.stored: list[_Stored] = []  # every copy, including those whose storage address was reused since
 
     def pack(self, t: torch.Tensor) -> Handle:
         t = t.detach()
@@ -124,6 +125,7 @@ class Stash:
             with _disable_current_modes():
                 found = self._by_storage[key] = (StorageWeakRef(t.untyped_storage()),
                                                 _Stored(self.offloader.for_device(t.device), t))
+                self.stored.append(found[1])
         return Handle(found[1], t)
 
     def swap(self, tree):
@@ -141,7 +143,7 @@ class Stash:
 
     def prefetch(self) -> None:
         """The plan's reload fired: queue every copy back."""
-        for _, stored in self._by_storage.values():
+        for stored in self.stored:
             stored.fetch()
 
 
