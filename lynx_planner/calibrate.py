@@ -198,4 +198,19 @@ def calibrate(name: str = "local", threads: int = 1, repeats: int = 10) -> Hardw
               "all-reduce. Peaks are achieved values (efficiencies 1); the inter-node link copies the intra-node one.",
         device="gpu" if device == "cuda" else "cpu", backend=links["backend"],
         threads=threads if device == "cpu" else None,
-        p2p_bytes_per_s=links["p2p_bytes_per_s"], p2p_latency_s=links["p2p_latency_s"])
+        p2p_bytes_per_s=links["p2p_bytes_per_s"], p2p_latency_s=links["p2p_latency_s"],
+        **_host_link(repeats))
+
+
+def _host_link(repeats: int) -> dict:
+    """The host link's fields (offload.py): measured pinned D2H/H2D copies on CUDA; on a CPU, 'none' (a CPU rank's
+    activations already live in host memory: there is nothing to offload to)."""
+    from .offload import measure_link
+
+    measured = measure_link(repeats)
+    if measured is None:
+        return {"host_link": "none"}
+    import torch
+
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # half of it over the GPUs, as the catalog does
+    return {"host_link": "measured", "pinned_host_bytes": host // 2 // max(1, torch.cuda.device_count()), **measured}

@@ -184,7 +184,9 @@ def plan_cmd(
     profile_path: ProfileFile,
     algo: Annotated[str, typer.Option(
         help="heu (Lynx heuristic), opt (Lynx MILP), none, full, selective, uniform, block (Megatron-LM), "
-             "checkmate, adapipe.")],
+             "checkmate, adapipe; offloading to host memory: heu-offload (HEU trading recomputation for offload "
+             "where the host link carries it), offload (Megatron's fine-grained activation offloading), "
+             "full-offload (torch save_on_cpu / Transformer Engine layer offload).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan JSON.")],
     memory_limit: MemoryLimit = None,
     time_limit: Annotated[Optional[float], typer.Option(
@@ -201,9 +203,13 @@ def plan_cmd(
         "--compile",
         help="Plan for torch.compile: every recomputation on demand (a compiled layer recomputes inside its fused "
              "backward), simulated so; the plan records compiled: true.")] = False,
+    offload_modules: Annotated[Optional[str], typer.Option(
+        show_default="what Megatron's docs advise, the fastest that fits",
+        help="--algo offload: Megatron's --offload-modules, comma-separated (attn_norm, qkv_linear, core_attn, "
+             "attn_proj, mlp_norm, expert_fc1, moe_act, layer_input); layernorm and moe_act are recomputed.")] = None,
 ) -> None:
     """Search a recomputation strategy for PROFILE within the memory limit and write it as a plan."""
-    plan.run(profile_path, algo, output, memory_limit, time_limit, partition, reproducible, compile_)
+    plan.run(profile_path, algo, output, memory_limit, time_limit, partition, reproducible, compile_, offload_modules)
 
 
 @command("compare")

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import placements, policy, schedules, simulator, streams
+from . import offload, placements, policy, schedules, simulator, streams
 from .parallel import fsdp
 from .memo import per_object
-from .schema import LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan, StagePrediction
+from .schema import (PLAN_OFFLOAD_VERSION, LayerPolicy, Plan, PlanParallel, Predicted, Profile, SolverInfo, StagePlan,
+                     StagePrediction)
 
 
 def static_bytes(profile: Profile, first: int, end: int) -> int:
@@ -26,6 +27,13 @@ def rank_static_bytes(profile: Profile, stages: list[StagePlan], rank: int) -> i
     mine = [i for st in stages if schedules.rank_of(p, st.stage) == rank for i in range(*st.layers)]
     return profile.extra_static_bytes + sum(profile.layers[i].static_bytes for i in mine) \
         + fsdp.transient_bytes(profile, mine)
+
+
+def rank_offloaded_bytes(profile: Profile, stages: list[StagePlan], rank: int) -> int:
+    """Bytes one micro-batch sends to the host from one rank (its chunks' offloaded tensors)."""
+    p = profile.parallel.pp
+    return sum(offload.offloaded_bytes(profile.blocks[pol.block], pol.offload) * (pol.layers[1] - pol.layers[0])
+               for st in stages if schedules.rank_of(p, st.stage) == rank for pol in st.policies if pol.offload)
 
 
 def none_policy(profile: Profile, i: int) -> LayerPolicy:
@@ -106,7 +114,10 @@ def _evaluation(profile: Profile, stages: list[StagePlan], sim: simulator.SimRes
         preds.append(StagePrediction(stage=rank, peak_memory_bytes=static + r.activation_peak_bytes,
                                      static_bytes=static, activation_bytes=r.activation_peak_bytes,
                                      busy_time_s=r.busy_s, exposed_recompute_s=r.exposed_s,
-                                     hidden_recompute_s=r.hidden_s))
+                                     hidden_recompute_s=r.hidden_s,
+                                     offloaded_bytes=rank_offloaded_bytes(profile, stages, rank),
+                                     offload_stall_s=r.offload_stall_s, link_busy_s=r.link_busy_s,
+                                     host_peak_bytes=r.host_peak_bytes))
     predicted = Predicted(iteration_time_s=sim.iteration_time_s, ideal_iteration_time_s=ideal_s, stages=preds)
     return Evaluation(predicted, sim)
 
@@ -144,7 +155,9 @@ def make_plan(profile: Profile, profile_path: str, profile_sha256: str, algo: st
               stages: list[StagePlan], solver: SolverInfo, evaluation: Evaluation | None = None) -> Plan:
     ev = evaluation or evaluate(profile, stages)
     par = profile.parallel
-    return Plan(algo=algo, profile_sha256=profile_sha256, profile_path=profile_path, memory_limit_bytes=memory_limit,
+    offloads = any(pol.offload for st in stages for pol in st.policies)
+    return Plan(schema_version=PLAN_OFFLOAD_VERSION if offloads else 1, algo=algo, profile_sha256=profile_sha256,
+                profile_path=profile_path, memory_limit_bytes=memory_limit,
                 parallel=PlanParallel(tp=par.tp, pp=par.pp, dp=par.dp, num_microbatches=par.num_microbatches,
                                       schedule=par.schedule, virtual_stages=par.virtual_stages, ep=par.ep,
                                       fsdp=par.fsdp, reshard_after_forward=par.reshard_after_forward,
@@ -190,6 +203,7 @@ def verify(plan: Plan, profile: Profile, tolerance: float = TIME_RTOL) -> Verdic
         if pred.peak_memory_bytes > plan.memory_limit_bytes:
             problems.append(f"stage {pred.stage}: peak memory {pred.peak_memory_bytes} B exceeds the limit "
                             f"{plan.memory_limit_bytes} B")
+    problems += _check_offload(plan, profile, ev)
     problems += _check_predicted(plan.predicted, ev.predicted, tolerance)
     return Verdict(problems, ev)
 
@@ -197,7 +211,7 @@ def verify(plan: Plan, profile: Profile, tolerance: float = TIME_RTOL) -> Verdic
 def _check_header(plan: Plan, profile: Profile) -> list[str]:
     """Finiteness, algorithm, solver fields, memory limit and parallel setup."""
     from .io import nonfinite_field
-    from .solvers import ALGOS
+    from .solvers import ALL_ALGOS as ALGOS
 
     out = []
     found = nonfinite_field(plan.model_dump(mode="python"))
@@ -307,12 +321,32 @@ def _check_predicted(claimed: Predicted, sim: Predicted, rtol: float) -> list[st
     for s, (c, r) in enumerate(zip(claimed.stages, sim.stages)):
         if c.stage != r.stage:
             out.append(f"predicted.stages[{s}]: stage index {c.stage}, expected {r.stage}")
-        for f in ("peak_memory_bytes", "static_bytes", "activation_bytes"):
+        for f in ("peak_memory_bytes", "static_bytes", "activation_bytes", "offloaded_bytes", "host_peak_bytes"):
             if getattr(c, f) != getattr(r, f):
                 out.append(f"predicted stage {r.stage} {f} {getattr(c, f)} disagrees with the simulation "
                            f"({getattr(r, f)})")
-        for f in ("busy_time_s", "exposed_recompute_s", "hidden_recompute_s"):
+        if c.offload_stall_s != r.offload_stall_s and r.offload_stall_s > c.offload_stall_s + TIME_ATOL_S:
+            out.append(f"stage {r.stage}: the copy engine does not carry the offloaded tensors in time: the backward "
+                       f"stalls {r.offload_stall_s:.6g} s for late prefetches, the plan claims "
+                       f"{c.offload_stall_s:.6g} s (offloads more than the host link returns before it is needed)")
+        for f in ("busy_time_s", "exposed_recompute_s", "hidden_recompute_s", "offload_stall_s", "link_busy_s"):
             time(f"stage {r.stage} {f}", getattr(c, f), getattr(r, f))
+    return out
+
+
+def _check_offload(plan: Plan, profile: Profile, ev: Evaluation) -> list[str]:
+    """The host holds what the plan offloads (pinned host memory per GPU), and the version says it offloads."""
+    out = []
+    offloads = any(p.offload for st in plan.stages for p in st.policies)
+    if offloads and plan.schema_version < PLAN_OFFLOAD_VERSION:
+        out.append(f"schema_version {plan.schema_version}: a plan that offloads is version {PLAN_OFFLOAD_VERSION}")
+    link = offload.rank_link(profile) if offloads else None
+    if link is None:
+        return out
+    for pred in ev.predicted.stages:
+        if pred.host_peak_bytes > link.pinned_bytes:
+            out.append(f"stage {pred.stage}: offloaded tensors fill {pred.host_peak_bytes} B of host memory, more "
+                       f"than the {link.pinned_bytes} B of pinned host memory per GPU ({profile.hardware.name})")
     return out
 
 
@@ -332,7 +366,8 @@ def _check_policy(profile: Profile, st: StagePlan, p: LayerPolicy) -> list[str]:
             out.append(f"{where}: recompute_with {top} is not a later layer of the stage")
         if keep:
             out.append(f"{where}: a uniform chunk layer keeps nothing but recomputes from the chunk input")
-    why = policy.validate(info, keep, rec) or _order_problem(info, keep, rec)
+    why = policy.validate(info, keep, rec) or _order_problem(info, keep, rec) or \
+        offload.policy_problem(profile, info, p)
     if why:
         return out + [f"{where}: {why}"]
     mode = policy.mode_of(info, frozenset(keep), tuple(rec))

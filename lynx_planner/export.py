@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import evaluate as ev
-from . import parallel, schedules
+from . import offload, parallel, schedules
 from .exports import architecture, megatron_model, torchtitan_model
 from .exports.layout import layout_flag, layout_notes, roles, split_flags, virtual_flags  # noqa: F401 (export.*)
 from .io import InputError
@@ -151,11 +151,13 @@ def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronEx
     if profile.attention == "flash":
         flags.append("--attention-backend flash")
     flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)
-    choices = _megatron_choices(profile, bounds, plan.memory_limit_bytes)
+    choices = _megatron_choices(profile, bounds, limit := plan.memory_limit_bytes)
+    choices += [MegatronChoice(**c) for c in [offload.megatron_choice(plan, profile, bounds, limit)] if c]
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
+    best = next((c for c in fitting if c.name.startswith("offload ")), best)  # an offload plan: its nearest offload
     notes = (_not_expressible(plan, profile) + layout_notes(profile, bounds) + kernel_notes
-             + parallel.megatron_flags(par)[1])
+             + parallel.megatron_flags(par)[1] + offload.export_notes(plan, profile))
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
                      "false, Megatron before 2021-09); Megatron-LM now always runs them beside the weight gradient")
@@ -292,7 +294,7 @@ def torchtitan_args(plan: Plan, profile: Profile, where: str = "profile") -> tup
     if profile.parallel.pp > 1:
         args.append(["--training.disable_cuda_graphs"])  # torchtitan 0.3.0's pipeline schedules need it
     args.append(["activation-checkpoint:none"])
-    return args, notes
+    return args, notes + offload.export_notes(plan, profile, to="torchtitan")
 
 
 TORCHTITAN_HOOK = '''\

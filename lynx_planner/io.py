@@ -109,12 +109,22 @@ def load_json(path: str | Path) -> object:
 
 def load_model(path: str | Path, cls: type[M]) -> M:
     data = load_json(path)
-    if isinstance(data, dict) and data.get("schema_version", 1) != 1:
-        raise InputError(f"{path}: field schema_version: {data['schema_version']!r} is not supported (expected 1)")
+    known = _versions(cls)
+    if isinstance(data, dict) and data.get("schema_version", 1) not in known:
+        raise InputError(f"{path}: field schema_version: {data['schema_version']!r} is not supported (expected "
+                         f"{' or '.join(map(str, known))})")
     try:
         return cls.model_validate(data)
     except ValidationError as e:
         raise InputError(describe_validation(path, e)) from None
+
+
+def _versions(cls: type) -> tuple[int, ...]:
+    """The schema versions a model class reads (plans: 1, and 2 for plans that offload)."""
+    from typing import get_args
+
+    field = getattr(cls, "model_fields", {}).get("schema_version")
+    return tuple(get_args(field.annotation)) or (1,) if field is not None else (1,)
 
 
 def find_beside(recorded: str, anchor: str | Path) -> Path | None:

@@ -11,7 +11,7 @@ from .io import InputError, write_atomic
 GiB = 2**30
 COLORS = {"forward": "#4C72B0", "backward": "#55A868", "exposed recompute": "#C44E52",
           "hidden recompute": "#DD8452", "TP collective": "#8C8C8C", "DP collective": "#8172B3",
-          "CP exchange": "#937860", "optimizer step": "#DA8BC3"}
+          "CP exchange": "#937860", "optimizer step": "#8C564B", "host copy": "#64B5CD", "offload stall": "#DA8BC3"}
 ALGO_COLORS = {"heu": "#C44E52", "opt": "#8172B3", "full": "#4C72B0", "selective": "#55A868", "block": "#DD8452",
                "uniform": "#937860", "none": "#8C8C8C", "checkmate": "#DA8BC3", "adapipe": "#64B5CD"}
 
@@ -45,17 +45,20 @@ def _category(event: dict) -> str | None:
     if tid == "compute":
         if name.startswith("R "):
             return "exposed recompute"
+        if name.startswith("wait H2D"):
+            return "offload stall"
         return "forward" if name.startswith("F ") else "backward"
     if tid == "dp collective" and not name.startswith("DP "):  # the optimizer step, also at dp 1
         return "optimizer step"
     return {"tp collective": "TP collective", "recompute (side)": "hidden recompute",
-            "dp collective": "DP collective", "cp exchange": "CP exchange"}.get(tid)
+            "dp collective": "DP collective", "cp exchange": "CP exchange", "copy engine": "host copy"}.get(tid)
 
 
 # Where each category sits inside a stage's row (bottom, height), the row spanning [s - 0.45, s + 0.45].
 _LANES = {"forward": (-0.15, 0.5), "backward": (-0.15, 0.5), "exposed recompute": (-0.15, 0.5),
           "TP collective": (-0.42, 0.22), "DP collective": (-0.42, 0.22), "optimizer step": (-0.42, 0.22),
-          "CP exchange": (-0.42, 0.22), "hidden recompute": (0.37, 0.08)}
+          "CP exchange": (-0.42, 0.22), "hidden recompute": (0.37, 0.08), "offload stall": (-0.15, 0.5),
+          "host copy": (0.37, 0.08)}  # the copy engine shares the side lane: both run beside the compute stream
 
 
 def timeline(events: list[dict], memory: list[list[tuple[float, int]]], static: list[int], limit: int, title: str,

@@ -11,6 +11,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 SCHEMA_VERSION = 1
+# Plans that offload (LayerPolicy.offload) are written as version 2, so a lynx that knows only keep and recompute
+# refuses them instead of misreading them; every other plan stays version 1, and both load.
+PLAN_OFFLOAD_VERSION = 2
+
+# When an offloaded tensor comes back (offload.py): prefetched when backward enters the layer above (Megatron's and
+# Transformer Engine's one-layer lookahead; the chunk's top layer: when its backward item starts), or all of a
+# micro-batch's at the start of its backward on the chunk (while the rank waits for the gradient).
+Reload = Literal["layer_above", "grad_wait"]
+RELOADS: tuple[str, ...] = ("layer_above", "grad_wait")
 
 # The block input is not produced by any op of the block; ops refer to it by this name.
 BLOCK_INPUT = "input"
@@ -85,6 +94,20 @@ class Hardware(_Model):
     memory_reserve_bytes: int | None = Field(
         None, ge=0, exclude_if=lambda v: v is None,
         description="device memory the allocator, libraries and fragmentation hold (None: models.hardware default)")
+    # The host link of one GPU, for activation offload (offload.py). Left out at None: the catalog's entry for the
+    # hardware's name applies (models/hardware.py HOST_LINKS), and files written before them keep their bytes.
+    host_link: str | None = Field(None, exclude_if=lambda v: v is None,
+                                  description="the GPU's link to host memory: pcie3-x16, pcie4-x16, pcie5-x16, "
+                                  "nvlink-c2c, or 'none' (nothing to offload to: a CPU device)")
+    host_d2h_bytes_per_s: PositiveFloat | None = Field(None, exclude_if=lambda v: v is None,
+                                                       description="measured device-to-host copy bandwidth, pinned")
+    host_h2d_bytes_per_s: PositiveFloat | None = Field(None, exclude_if=lambda v: v is None,
+                                                       description="measured host-to-device copy bandwidth, pinned")
+    host_link_shared_with_nic: bool | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the GPU's host link also carries its NIC's traffic (a GPU and its NIC behind one PCIe switch)")
+    pinned_host_bytes: int | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                          description="pinned host memory one GPU may fill with offloaded tensors")
 
 
 # Bounds that fail fast instead of exhausting memory or time: far beyond real training setups, and small enough that
@@ -323,6 +346,13 @@ class LayerPolicy(_Model):
     recompute_with: int | None = Field(
         None, description="Megatron uniform chunks: the input is not kept; recomputed on demand when backward "
         "reaches this layer index (the chunk's top layer)")
+    # Offload (offload.py): kept ops (or 'input', the block input) whose saved tensors leave for pinned host memory
+    # after the layer's forward and come back before its backward. Left out when empty (plans before it).
+    offload: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
+                               description="kept ops (or 'input') whose saved tensors are offloaded to the host")
+    reload: Reload = Field("layer_above", exclude_if=lambda v: v == "layer_above",
+                           description="when offloaded tensors come back: layer_above (backward enters the layer "
+                           "above) or grad_wait (the start of the micro-batch's backward on the stage)")
 
 
 class StagePlan(_Model):
@@ -340,6 +370,15 @@ class StagePrediction(_Model):
     busy_time_s: float
     exposed_recompute_s: float
     hidden_recompute_s: float
+    # Offload (left out at 0: plans before it): bytes one micro-batch sends to the host, the compute stream's waits
+    # for late prefetches, the copy engine's busy seconds (each direction's copies, the larger) and the host memory
+    # the rank's offloaded tensors fill at their peak.
+    offloaded_bytes: int = Field(0, exclude_if=lambda v: v == 0, description="offloaded bytes per micro-batch")
+    offload_stall_s: float = Field(0.0, exclude_if=lambda v: v == 0.0,
+                                   description="backward waits for prefetches that arrive late (exposed)")
+    link_busy_s: float = Field(0.0, exclude_if=lambda v: v == 0.0,
+                               description="seconds the busier direction of the host link copies in the iteration")
+    host_peak_bytes: int = Field(0, exclude_if=lambda v: v == 0, description="peak pinned host memory held")
 
 
 class Predicted(_Model):
@@ -387,7 +426,7 @@ class PlanParallel(_Model):
 
 
 class Plan(_Model):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     algo: str
     profile_sha256: str
     profile_path: str

@@ -29,7 +29,7 @@ from functools import lru_cache
 from itertools import accumulate, compress, islice
 from operator import ne
 
-from . import costs, placements, policy, schedules, streams
+from . import costs, offload, placements, policy, schedules, streams
 from .parallel import optimizer_shards
 from .memo import per_object
 from .schema import Block, LayerPolicy, Profile
@@ -59,6 +59,8 @@ class LayerRun:
     fwd_streams: tuple[str, ...] = ()
     bwd_streams: tuple[str, ...] = ()
     bwd_input_streams: tuple[str, ...] = ()
+    off_bytes: int = 0  # of kept_bytes, what goes to the host after the forward (offload.py)
+    reload: str = "layer_above"  # when it comes back
 
 
 @per_object
@@ -199,8 +201,10 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     if block.split_backward is not None and first > 0:  # measured B + W over the whole; torch runs stage 0's whole
         f = block.split_backward
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
+    off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
     return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
-                    fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block))
+                    fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block),
+                    off_bytes=off, reload=pol.reload)
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -296,6 +300,9 @@ class StageResult:
     grad_waits_s: list[float] = field(default_factory=list)  # idle time before each backward, in order
     backward_ends_s: list[float] = field(default_factory=list)  # when each micro-batch's backward finished
     grad_reduce_exposed_s: float = 0.0  # data-parallel gradient reduction left after the last backward
+    offload_stall_s: float = 0.0  # the compute stream's waits for late prefetches (offload.py)
+    link_busy_s: float = 0.0  # the busier direction of the host link
+    host_peak_bytes: int = 0  # pinned host memory at its peak
 
 
 @dataclass
@@ -331,7 +338,13 @@ class _Chunk:
         self.bwd_plan = [(l, runs[l], l - 1 in la, self.chunk[l], self.recomputes[l]) for l in range(n - 1, -1, -1)]
         # Straight-line forms of F and B, for when nothing is queued and nothing is released on the way (no placement
         # but on demand, no uniform chunk): the general path's additions in its order, without its bookkeeping.
-        self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs)
+        # Offload: copies out after a layer's forward, back before its backward (the general path only).
+        self.offloads = any(r.off_bytes for r in runs)
+        self.reload_first = [l for l in range(n - 1, -1, -1) if runs[l].off_bytes and
+                             (runs[l].reload == "grad_wait" or l == n - 1)]
+        self.reload_below = [l > 0 and runs[l - 1].off_bytes > 0 and runs[l - 1].reload == "layer_above"
+                             for l in range(n)]
+        self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs) and not self.offloads
         self.fwd_straight = [(busy, busy + idle, r.kept_bytes) for (busy, idle), r in zip(self.fwd_sums, runs)]
         sums = self.bwd_input_sums if split else self.bwd_sums
         self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
@@ -339,7 +352,7 @@ class _Chunk:
                              for l, r in reversed(list(enumerate(runs)))]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
         # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
-        self.local = not self.straight and not self.by_at["prev_forward"]
+        self.local = not self.straight and not self.by_at["prev_forward"] and not self.offloads
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
@@ -399,9 +412,14 @@ class _Stage:
     """The compute and side streams and the memory timeline of one rank (its chunks share them)."""
 
     def __init__(self, s: int, chunks: dict[int, list[LayerRun]], gamma: float, trace: list | None,
-                 deadline: dict[tuple[int, int], int], split: bool):
+                 deadline: dict[tuple[int, int], int], split: bool, link: offload.Link | None = None):
         self.s, self.gamma, self.trace, self.deadline, self.split = s, gamma, trace, deadline, split
         self.chunks = {c: _Chunk(runs, split) for c, runs in chunks.items()}
+        offloads = any(ch.offloads for ch in self.chunks.values())
+        if offloads and link is None:
+            raise ValueError("the plan offloads, but the hardware has no host link to offload to (offload.host_link)")
+        self.copy = offload.CopyEngine(link) if offloads else None
+        self.stall = 0.0
         # (micro-batch, global layer) -> (trigger, action) that released its recomputation; kept when tracing
         self.released: dict[tuple[int, int], tuple[str, tuple[str, int]]] = {}
         self.t = 0.0
@@ -411,7 +429,8 @@ class _Stage:
         self.busy = self.exposed = self.hidden = 0.0
         self.grad_waits: list[float] = []
         # no forward ever queues work here: no trace to draw, no prev_forward recomputation on this rank
-        self.plain_forward = trace is None and not any(ch.by_at["prev_forward"] for ch in self.chunks.values())
+        self.plain_forward = trace is None and not any(ch.by_at["prev_forward"] for ch in self.chunks.values()) \
+            and not offloads
 
     def _event(self, stream: str, name: str, start: float, dur: float) -> None:
         if self.trace is not None and dur > 0:
@@ -496,7 +515,7 @@ class _Stage:
         """F(c, k); at its start, after its input arrived, the prev_forward tasks of `releases` (chunk, micro-batch)
         are released."""
         ch = self.chunks[c]
-        if self.trace is None and not self.queue and (
+        if self.trace is None and not self.queue and not ch.offloads and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
             t, busy, times, deltas = ready if ready > self.t else self.t, self.busy, self.mem.times, self.mem.deltas
             for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
@@ -515,6 +534,29 @@ class _Stage:
             self._spans(r, "F", k)
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
             self.mem.note(self.t, r.kept_bytes)
+            if r.off_bytes:  # the copy out, queued behind earlier ones; the device bytes are freed when it ends
+                start, end = self.copy.send((c, k, l), self.t, r.off_bytes)
+                self.mem.note(end, -r.off_bytes)
+                self._event(streams.COPY, f"D2H mb{k} L{r.index}", start, end - start)
+
+    def _fetch(self, c: int, k: int, l: int) -> None:
+        """Queue the copy back of layer l's offloaded tensors of micro-batch k; its device buffer is allocated when the
+        copy starts."""
+        got = self.copy.fetch((c, k, l), self.t)
+        if got is not None:
+            r = self.chunks[c].runs[l]
+            self.mem.note(got[0], r.off_bytes)
+            self._event(streams.COPY, f"H2D mb{k} L{r.index}", got[0], got[1] - got[0])
+
+    def _await_reload(self, c: int, k: int, l: int) -> None:
+        """Layer l's backward needs its offloaded tensors: the compute stream waits for a late copy (exposed; the side
+        stream recomputes meanwhile)."""
+        self._fetch(c, k, l)  # not fetched yet (its reload never fired): on demand, now
+        end = self.copy.fetched[(c, k, l)]
+        if end > self.t:
+            self._event(streams.COMPUTE, f"wait H2D mb{k} L{self.chunks[c].runs[l].index}", self.t, end - self.t)
+            self.stall += end - self.t
+            self.idle(end)
 
     def backward(self, c: int, k: int, ready: float) -> None:
         ch = self.chunks[c]
@@ -524,6 +566,9 @@ class _Stage:
             self.release(c, k, l, "grad_wait", action)
         if ch.top_la:  # the top layer's layer above is the wait for the gradient
             self.release(c, k, n - 1, "grad_wait", action)
+        if ch.offloads:  # prefetches released when the backward item starts: grad_wait ones, the top layer's
+            for l in ch.reload_first:
+                self._fetch(c, k, l)
         wait = max(0.0, ready - self.t)
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
@@ -533,6 +578,8 @@ class _Stage:
         for l, r, below_la, uniform, recomputes in ch.bwd_plan:
             if below_la and l > 0:
                 self.release(c, k, l - 1, "layer_above", action)
+            if ch.offloads and ch.reload_below[l]:  # backward enters layer l: the layer below's prefetch
+                self._fetch(c, k, l - 1)
             for u in uniform:  # Megatron uniform: the chunk top recomputes the whole chunk
                 self._log(c, k, u, placements.ON_DEMAND, action)
                 self._expose(k, ch.runs[u].index, ch.runs[u].rec_s, ch.runs[u].rec_bytes, False)
@@ -545,6 +592,8 @@ class _Stage:
                 else:  # on demand (or a prev_forward with no forward before this backward)
                     self._log(c, k, l, placements.ON_DEMAND, action)
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
+            if r.off_bytes:
+                self._await_reload(c, k, l)
             self._spans(r, "B", k)
             self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
                            r.bwd_input_streams if split else r.bwd_streams)
@@ -689,9 +738,10 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     tables = [_rank_tables(par.schedule, p, v, r, m) for r in range(p)]
     orders = [t[0] for t in tables]
     stages = []
+    link = streams.copy_link(profile) if any(run.off_bytes for runs in stage_layers for run in runs) else None
     for r in range(p):
         stages.append(_Stage(r, {c: stage_layers[c] for c in schedules.chunks_of(p, v, r)}, hw.interference, events,
-                             tables[r][1], split))
+                             tables[r][1], split, link))
     # a chunk's output goes to the next chunk's rank; none when both are on one rank
     send = [0.0 if schedules.rank_of(p, c + 1) == schedules.rank_of(p, c) and c + 1 < n_chunks else
             send_s(profile, boundary_bytes(profile, runs[-1].index)) for c, runs in enumerate(stage_layers)]
@@ -835,6 +885,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
+    for res, st in zip(results, stages):  # the copy engine's figures
+        if st.copy is not None:
+            res.offload_stall_s, res.link_busy_s, res.host_peak_bytes = st.stall, st.copy.busy_s, st.copy.host_peak()
     for r, res in enumerate(results):  # on-demand recomputation beside the DP stream's work: its time is in the waits
         beside = m * sum(run.rec_beside for c in schedules.chunks_of(p, v, r) for run in stage_layers[c])
         res.exposed_s, res.hidden_s = max(0.0, res.exposed_s - beside), res.hidden_s + beside

@@ -10,7 +10,7 @@ One rank runs these streams side by side (docs/timeline.md draws them):
   dp collective     data-parallel gradient reduction at the iteration's end; FSDP's per-layer parameter
                     all-gathers and gradient reduce-scatters (parallel/fsdp.py)
   cp exchange       ring attention's K/V chunk exchange inside each attention (parallel/cp.py)
-  copy engine       host <-> device copies (activation offload; no work is placed on it yet)
+  copy engine       host <-> device copies of offloaded activations (offload.py: the link, its queues, host memory)
 
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
@@ -73,6 +73,14 @@ def bus(profile: Profile, group: str) -> tuple[float, float]:
             return costs.p2p_link(hw, g.stride)
         return costs.link(hw, g.size * g.stride)
     return costs.group_link(hw, g.size, g.stride)
+
+
+def copy_link(profile: Profile):
+    """The copy engine's link to host memory as one rank sees it (offload.rank_link: the NIC's share taken where it
+    shares the link), or None where there is none."""
+    from . import offload
+
+    return offload.rank_link(profile)
 
 
 def link_kind(profile: Profile, group: str) -> str:

@@ -44,6 +44,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     files["malformed"] = write("malformed.json", profile.read_text()[:200])
     files["empty"] = write("empty.json", "")
     files["v2"] = write("v2.json", json.dumps({**data, "schema_version": 2}))
+    files["v3"] = write("v3.json", json.dumps({**data, "schema_version": 3}))  # plans read 1 and 2 (offload)
     files["nolayers"] = write("nolayers.json", json.dumps({k: v for k, v in data.items() if k != "layers"}))
     bad_type = json.loads(json.dumps(data))
     bad_type["parallel"]["tp"] = "four"
@@ -99,7 +100,7 @@ def test_bad_profile_file(files, tmp_path, cmd, which, needle):
 @pytest.mark.parametrize("which,needle", [c for c in FILE_CASES if c[0] != "list"])
 @pytest.mark.parametrize("cmd", ["simulate", "check"])
 def test_bad_plan_file(files, cmd, which, needle):
-    path = files.get(which, files["dir"] / "does-not-exist.json")
+    path = files.get("v3" if which == "v2" else which, files["dir"] / "does-not-exist.json")
     if which in ("v2", "nolayers", "badtype"):
         needle = {"v2": "schema_version", "nolayers": "algo", "badtype": "algo"}[which]  # a profile is no plan
     run_bad([cmd, path], None, (str(path), needle))

@@ -51,8 +51,8 @@ def dry_run_lines(rows: list[dict], width: int) -> list[str]:
     for r in rows:
         when = r.get("when", r.get("at", ""))
         lines.append(f"stage {r['stage']}  layer {r['layer']}  {r['module']}  {r['mode']}  at {when}")
-        for key in ("keep", "recompute"):
-            if r[key]:
+        for key in ("keep", "recompute", "offload"):
+            if r.get(key):
                 lines += textwrap.wrap(", ".join(r[key]), width=width, initial_indent=f"  {key}: ",
                                        subsequent_indent=" " * (len(key) + 4), break_long_words=False,
                                        break_on_hyphens=False)

@@ -56,6 +56,13 @@ def hardware(action: str | None, output: Path | None, name: str, threads: int, r
                   f"{hw.hbm_bytes_per_s / 1e9:.1f} GB/s, {hw.backend} p2p {hw.p2p_bytes_per_s / 1e9:.2f} GB/s + "
                   f"{hw.p2p_latency_s * 1e6:.0f} us, all-reduce busbw {hw.intra_node_bus_bytes_per_s / 1e9:.2f} "
                   f"GB/s + {hw.intra_node_latency_s * 1e6:.0f} us, interference {hw.interference:.2f}")
+        if hw.host_d2h_bytes_per_s is None:
+            out.print("host link: none measured (a CPU device: activations already live in host memory, there is "
+                      "nothing to offload to)")
+        else:
+            out.print(f"host link: device-to-host {hw.host_d2h_bytes_per_s / 1e9:.1f} GB/s, host-to-device "
+                      f"{hw.host_h2d_bytes_per_s / 1e9:.1f} GB/s (pinned; set pinned_host_bytes in the file for "
+                      "the host memory offload may fill)")
         return
     if output is not None:
         raise InputError("lynx hardware: -o applies to `lynx hardware calibrate`")

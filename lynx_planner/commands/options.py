@@ -96,15 +96,15 @@ def plan_profile_path(plan: Plan, plan_path: Path, given: Path | None) -> Path:
 
 
 def algos(text: str | None) -> list[str]:
-    from ..solvers import ALGOS
+    from ..solvers import ALGOS, ALL_ALGOS
 
     if text is None:
         return list(ALGOS)
     names = [a.strip() for a in text.split(",") if a.strip()]
     for a in names:
-        if a not in ALGOS:
+        if a not in ALL_ALGOS:
             raise InputError(f"--algos: unknown algorithm {a!r} (expected a comma-separated list of "
-                             f"{', '.join(ALGOS)})")
+                             f"{', '.join(ALL_ALGOS)})")
     if not names:
         raise InputError("--algos: empty list")
     return list(dict.fromkeys(names))

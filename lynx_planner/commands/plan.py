@@ -13,11 +13,21 @@ from .terminal import err, out
 
 
 def run(profile_path: Path, algo: str, output: Path, memory_limit: str | None, time_limit: float | None,
-        partition, reproducible: bool, compiled: bool = False) -> None:
+        partition, reproducible: bool, compiled: bool = False, offload_modules: str | None = None) -> None:
     from .. import solvers
 
-    if algo not in solvers.ALGOS:
-        raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(solvers.ALGOS)})")
+    if algo not in solvers.ALL_ALGOS:
+        raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(solvers.ALL_ALGOS)})")
+    modules = None
+    if offload_modules is not None:
+        from ..offload import MODULES
+
+        modules = tuple(m.strip() for m in offload_modules.split(",") if m.strip())
+        if algo != "offload":
+            raise InputError("--offload-modules: only with --algo offload")
+        bad = [m for m in modules if m not in MODULES] or ([] if modules else ["(empty)"])
+        if bad:
+            raise InputError(f"--offload-modules: unknown module {bad[0]!r} (expected some of {', '.join(MODULES)})")
     check_output(output, "-o", (profile_path,))
     time_limit = seconds(time_limit)
     profile = load_profile(profile_path)
@@ -26,7 +36,7 @@ def run(profile_path: Path, algo: str, output: Path, memory_limit: str | None, t
     try:
         with err.status(f"searching ({algo}) ..."):
             plan = solvers.plan(profile, str(profile_path), sha, algo, limit, time_limit,
-                                partition.value if partition else None, compiled)
+                                partition.value if partition else None, compiled, modules)
         raise_if_interrupted()  # HiGHS may have swallowed a Ctrl-C and returned its incumbent
     except ModuleNotFoundError as e:
         raise InputError(f"--algo: {algo!r} is not available in this installation ({e})") from None
@@ -66,5 +76,9 @@ def summary(plan: Plan, path: Path) -> None:
     out.print(shown)
     out.print(f"iteration time {t:.4f} s; ideal (this split, no recomputation, unlimited memory) {ideal:.4f} s: "
               f"{ideal / t:.3f}x of ideal speed ({percent(t / ideal - 1)})")
+    if any(pr.offloaded_bytes for pr in pred.stages):
+        from ..offload import summary_line
+
+        out.print(summary_line(pred.stages, t))
     out.print(f"solver {plan.solver.name}: {plan.solver.status}, search time {ms(plan.solver.search_time_s)}"
               + (f", gap {plan.solver.gap:.2%}" if plan.solver.gap else ""))

@@ -89,6 +89,10 @@ def run(plan_path: Path, profile: Path | None, trace: Path | None, as_json: bool
     out.print(f"iteration time {t:.4f} s, ideal (this split, no recomputation) {ideal:.4f} s ({percent(t / ideal - 1)}); "
               f"memory limit "
               f"{format_bytes(plan.memory_limit_bytes)}, peak {format_bytes(ev.peak_bytes)}")
+    if any(s.offloaded_bytes for s in pred.stages):
+        from ..offload import summary_line
+
+        out.print(summary_line(pred.stages, t))
     if trace is not None:
         out.print(f"wrote {trace} ({len(ev.sim.trace)} events)")
     if plot is not None:

@@ -27,6 +27,7 @@ from ..io import load_model
 from ..opid import split_id, split_use, use_name
 from ..schema import LayerPolicy, Plan, PlanParallel
 from . import compiled, conflicts, routing
+from . import offload as host
 from .errors import PlanMismatchError
 from .opids import ModuleScope
 from .region import Region
@@ -55,6 +56,8 @@ class _Layer:
     routed: tuple[str, ...] = ()  # its submodules whose ops follow the routing (experts: routing.py)
     checked: bool = False
     context: Any = None  # its selective-checkpoint context_fn under torch.compile (compiled.py)
+    offload: frozenset[str] = frozenset()  # kept ops (and 'input') whose saved tensors go to the host
+    reload: str = "layer_above"  # when they come back (the stage's top layer: grad_wait)
 
 
 class LynxRuntime:
@@ -74,6 +77,7 @@ class LynxRuntime:
         self._keys: weakref.WeakKeyDictionary[Region, tuple[int | None, int]] = weakref.WeakKeyDictionary()
         self._latest: dict[int, weakref.ref[Region]] = {}  # last region of each stage position
         self._stream = None
+        self.offloader = host.Offloader()  # the stage's copy engine (runtime/offload.py)
         # (dtype, autocast) of plans that record a precision; autocast is checked at each layer's first forward
         self.precision: tuple[str, str | None] | None = None
         self.compiled_plan = False  # the plan was made for torch.compile (on-demand placements, priced so)
@@ -121,7 +125,8 @@ class LynxRuntime:
                 check_autocast(self.precision[1], layer.path, layer.module)
             conflicts.check_outer_hooks(layer.path)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream,
-                            always_record=bool(layer.routed))
+                            always_record=bool(layer.routed), offload=layer.offload,
+                            stash=host.Stash(self.offloader) if layer.offload else None)
             region.unpacked_twice = self.split_backward
             out = region.forward(*args, **kwargs)
             if region.conflict is not None:
@@ -151,17 +156,24 @@ class LynxRuntime:
         """layer_above: recompute the layer below when backward reaches this layer's outputs."""
         below = self._latest.pop(position - 1, None) if position > 0 else None
         region = below() if below is not None else None
-        if region is None or self.layers[position - 1].at != "layer_above":
+        if region is None:
+            return
+        recompute = self.layers[position - 1].at == "layer_above"
+        reload = region.stash is not None and self.layers[position - 1].reload == "layer_above"
+        if not (recompute or reload):
             return
         tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         below_module = self.layers[position - 1].module
 
-        def release(_grad: Any) -> None:
-            if not region.recomputed:
-                conflicts.gather_for_recompute(below_module)  # FSDP2: its parameters, as backward prefetch would
-            region.recompute("layer_above")
+        def entered(_grad: Any) -> None:  # backward reaches this layer: the layer below's reload, then recompute
+            if reload:
+                region.stash.prefetch()
+            if recompute:
+                if not region.recomputed:
+                    conflicts.gather_for_recompute(below_module)  # FSDP2: its parameters, as backward prefetch would
+                region.recompute("layer_above")
         if tensors:
-            torch.autograd.graph.register_multi_grad_hook(tensors, release, mode="any")
+            torch.autograd.graph.register_multi_grad_hook(tensors, entered, mode="any")
 
     def _check_ops(self, layer: _Layer, seen: frozenset[str]) -> None:
         named = [*layer.policy.keep, *layer.policy.recompute]
@@ -195,6 +207,10 @@ class LynxRuntime:
     def trigger(self, micro_batch: int, at: str) -> None:
         """Release the recomputations placed `at` for one micro-batch, top layer first (backward needs it first)."""
         for layer in reversed(self.layers):
+            if layer.reload == at and layer.offload:
+                region = self._regions.get((micro_batch, layer.index))
+                if region is not None and region.stash is not None:
+                    region.stash.prefetch()
             if layer.at == at:
                 region = self._regions.get((micro_batch, layer.index))
                 if region is not None:
@@ -214,15 +230,19 @@ class LynxRuntime:
 def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: bool) -> _Layer:
     at = "grad_wait" if policy.at == "layer_above" and top else policy.at
     routed = routing.routed_paths(module)
-    keep = frozenset(policy.keep) if policy.mode == "selective" else frozenset()
+    # a layer that keeps all and offloads some runs as a region too: its pack hooks send the offloaded tensors away
+    keep = frozenset(policy.keep) if policy.mode == "selective" or policy.offload and policy.mode == "none" \
+        else frozenset()
     keep = routing.shared_keep(keep, module) if routed else keep
-    scope = ModuleScope(module) if policy.mode != "none" else None
+    scope = ModuleScope(module) if policy.mode != "none" or policy.offload else None
     named = frozenset(policy.keep) | frozenset(policy.recompute) if policy.mode == "selective" else frozenset()
     # the plan recomputes some kept ops (their outputs autograd does not save, other recomputed ops read them): saved
     # in a compiled region they would not be recomputed, and add bytes the plan does not count
     saved = keep - frozenset(policy.recompute)
     context = compiled.context_fn(path, module, saved, named, _ignorable) if scope is not None else None
-    return _Layer(index, path, module, policy, at, keep, scope, routed=routed, context=context)
+    reload = "grad_wait" if policy.reload == "layer_above" and top else policy.reload
+    return _Layer(index, path, module, policy, at, keep, scope, routed=routed, context=context,
+                  offload=frozenset(policy.offload), reload=reload)
 
 
 def _ignorable(op: str) -> bool:
@@ -256,7 +276,7 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
                 " (a module used at several places: keep all its uses in one pipeline stage)"
                 if _RUNTIME_OF_LAYER[layer_module].stage != stage_plan.stage else ""))
     check_uses(stage_plan.stage, [path for _, _, path, _ in chosen], modules)
-    layers = [_layer(index, path, m, layer_policy(p, m, name, path), top=k == len(modules) - 1)
+    layers = [_layer(index, path, m, host.translated(p, layer_policy(p, m, name, path)), top=k == len(modules) - 1)
               for k, ((index, name, path, p), m) in enumerate(zip(chosen, modules))]
     for layer in layers:
         layer.outer = tuple(conflicts.ancestors(module, split_use(layer.path)[0]))

@@ -123,7 +123,8 @@ def dry_run(plan_path: str, model_path: str, run: bool = True, compile: str | No
                                             f"the profile {profile.layers[index].name!r}")
                 _check_ops(profile, stage.stage, index, policy.block, [*policy.keep, *policy.recompute])
             rows.append({"stage": stage.stage, "layer": index, "module": name, "mode": policy.mode,
-                         "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at})
+                         "keep": list(policy.keep), "recompute": list(policy.recompute), "when": policy.at}
+                        | ({"offload": list(policy.offload), "reload": policy.reload} if policy.offload else {}))
     if run:
         run_with_plan(plan, model, inputs, model_path, device, compile)
     return rows

@@ -70,6 +70,7 @@ class Saved:
 
     ref: Ref
     keep: bool
+    offload: bool = False  # kept, and the plan sends it to the host (runtime/offload.py)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Program:
     prefix_only: str | None = None  # why the recomputation must re-run the forward from its start
     record_always: bool = False  # it reads collective outputs, which only a recorded forward captures
     source_packs: frozenset[int] = frozenset()  # kept saved tensors the replay reads
+    offload: tuple[bool, ...] = ()  # per pack position: the kept tensor goes to the host (empty: none does)
 
     @property
     def recomputed_ops(self) -> list[str]:
@@ -107,8 +109,10 @@ _GEMMS = frozenset({"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "convol
 class Recorder(TorchDispatchMode):
     """Names ops, tracks storages and versions, and records steps and saved tensors of one forward."""
 
-    def __init__(self, scope: ModuleScope, keep: frozenset[str], leaves: list[torch.Tensor]):
+    def __init__(self, scope: ModuleScope, keep: frozenset[str], leaves: list[torch.Tensor],
+                 offload: frozenset[str] = frozenset()):
         super().__init__()
+        self._offload = offload  # op ids (and 'input') whose kept tensors go to the host
         self._namer = OpNamer(scope)
         self._scope, self._keep = scope, keep
         self._sid: dict[StorageWeakRef, tuple[StorageWeakRef, int]] = {}
@@ -233,14 +237,19 @@ class Recorder(TorchDispatchMode):
     def pack(self, t: torch.Tensor) -> bool:
         ref = self.ref(t)
         keep = self.kept(ref)
-        self.saved.append(Saved(ref, keep))
+        maker = self.makers[ref.sid][ref.version]
+        off = keep and bool(self._offload) and (
+            maker in self._offload if maker is not None else
+            "input" in self._offload and self.external.get(ref.sid, ("",))[0] == "input")
+        self.saved.append(Saved(ref, keep, off))
         return keep
 
 
 def build(rec: Recorder) -> Program:
     """The program of a recorded forward: keep decisions by pack position and the minimal replay."""
     prog = Program(op_ids=frozenset(rec.seen), keep=tuple(s.keep for s in rec.saved),
-                   shapes=tuple((torch.Size(s.ref.size), s.ref.dtype) for s in rec.saved))
+                   shapes=tuple((torch.Size(s.ref.size), s.ref.dtype) for s in rec.saved),
+                   offload=tuple(s.offload for s in rec.saved) if any(s.offload for s in rec.saved) else ())
     dropped = {p: s.ref for p, s in enumerate(rec.saved) if not s.keep}
     if not dropped:
         return prog

@@ -23,6 +23,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .keep import Program, Recorder, build, replay
+from .offload import Handle, restored, unpacked
 from .opids import ModuleScope
 from .replay import AutocastState, RngState, autocast_off
 
@@ -46,8 +47,10 @@ class Region:
 
     def __init__(self, fn: Callable[..., Any], scope: ModuleScope, keep: frozenset[str],
                  on_recompute: Callable[[Region, str], None],
-                 side_stream: Callable[[torch.device], Any] | None = None, always_record: bool = False):
+                 side_stream: Callable[[torch.device], Any] | None = None, always_record: bool = False,
+                 offload: frozenset[str] = frozenset(), stash: Any = None):
         self._fn, self._scope, self._keep = fn, scope, keep
+        self._offload, self.stash = offload, stash  # ops whose kept tensors go to the host, via runtime/offload.py
         self._always_record = always_record  # routed layers: each forward may run other ops (routing.py)
         self._on_recompute, self._side_stream = on_recompute, side_stream
         self.op_ids: frozenset[str] = frozenset()
@@ -84,6 +87,8 @@ class Region:
         if self._device.type == "cuda":
             self._fwd_done = torch.cuda.Event()
             self._fwd_done.record()
+        if self.stash is not None:  # an offloaded input is held as its handle, not on the device
+            self._inputs = self.stash.swap(self._inputs) if self._missing else None
         return out
 
     def _steady(self, program: Program, args: tuple, kwargs: dict, signature: tuple) -> Any:
@@ -112,6 +117,8 @@ class Region:
             return t.detach()
         if program.keep[p]:
             kept = t.detach()
+            if program.offload and program.offload[p] and self.stash is not None:
+                kept = self.stash.pack(kept)
             if p in self._wanted:
                 self._saved[p] = kept
             return kept
@@ -127,7 +134,7 @@ class Region:
 
     def _record(self, args: tuple, kwargs: dict, tensors: list[torch.Tensor], signature: tuple) -> Any:
         self.recorded = True
-        recorder = Recorder(self._scope, self._keep, tensors)
+        recorder = Recorder(self._scope, self._keep, tensors, self._offload)
         saved: dict[int, torch.Tensor] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor | int:
@@ -135,6 +142,8 @@ class Region:
             self._n_packed += 1
             if recorder.pack(t):
                 saved[p] = t.detach()
+                if recorder.saved[-1].offload and self.stash is not None:
+                    saved[p] = self.stash.pack(saved[p])
                 return saved[p]
             self._missing.append(p)
             return p
@@ -167,6 +176,8 @@ class Region:
         """Regenerate the dropped saved tensors now; later calls do nothing. `trigger` names who released it."""
         if self.recomputed or self._inputs is None:
             return
+        if self.stash is not None:
+            self._inputs = restored(self._inputs)
         self.trigger = trigger
         early_on_gpu = self._device.type == "cuda" and trigger != "on_demand" and self._side_stream is not None
         stream = self._side_stream(self._device) if early_on_gpu else None
@@ -186,7 +197,7 @@ class Region:
         if self._diverged or program.prefix_only:
             return self._rerun()
         leaves = [t for t in tree_leaves(self._inputs) if isinstance(t, torch.Tensor)]
-        kinds = {"input": lambda v: leaves[v[0]], "tensor": lambda t: t, "saved": self._saved.__getitem__,
+        kinds = {"input": lambda v: leaves[v[0]], "tensor": lambda t: t, "saved": lambda p: unpacked(self._saved[p]),
                  "captured": self._captured.__getitem__}
         sources = {sid: kinds[kind](value) for sid, (kind, value) in program.sources.items()}
         shift = {sid: leaves[v[0]].storage_offset() - v[1] for sid, (kind, v) in program.sources.items()
@@ -231,6 +242,8 @@ class Region:
     def _unpack(self, packed: torch.Tensor | int) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
+        if isinstance(packed, Handle):
+            return packed.get()
         if self._regenerated is None:
             self.recompute()
         t = self._regenerated.get(packed) if self.unpacked_twice else self._regenerated.pop(packed, None)

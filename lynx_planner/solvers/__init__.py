@@ -16,9 +16,12 @@ from ..schema import CandidateBound, LayerPolicy, Plan, Profile, SolverInfo, Sta
 from . import candidates
 
 ALGOS: tuple[str, ...] = ("heu", "opt", "none", "full", "selective", "uniform", "block", "checkmate", "adapipe")
-_MODULES = {"none": "megatron", "full": "megatron", "selective": "megatron", "uniform": "megatron",
+# Algorithms that offload (solvers/offload.py): named on request, not in the default lists of compare and bench.
+OFFLOAD_ALGOS: tuple[str, ...] = ("heu-offload", "offload", "full-offload")
+ALL_ALGOS: tuple[str, ...] = ALGOS + OFFLOAD_ALGOS
+_MODULES = {"heu-offload": "offload", "offload": "offload", "full-offload": "offload", "none": "megatron", "full": "megatron", "selective": "megatron", "uniform": "megatron",
             "block": "megatron", "checkmate": "checkmate", "heu": "heu", "opt": "opt", "adapipe": "adapipe"}
-DEFAULT_PARTITION = {"heu": "auto", "opt": "auto", "adapipe": "auto"}
+DEFAULT_PARTITION = {"heu": "auto", "opt": "auto", "adapipe": "auto", "heu-offload": "auto"}
 
 
 class Infeasible(InputError):
@@ -36,6 +39,7 @@ class Problem:
     time_limit: float | None = None  # seconds, for MILP solvers
     partition: str = "even"  # "even" (Megatron) or "auto" (recomputation-aware)
     compiled: bool = False  # for torch.compile: every recomputation on demand (HEU searches only those)
+    offload_modules: tuple[str, ...] | None = None  # `offload`: Megatron's --offload-modules (None: its docs' advice)
 
 
 @dataclass
@@ -57,20 +61,21 @@ class Solved:
 
 
 def _module(algo: str):
-    if algo not in ALGOS:
-        raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(ALGOS)})")
+    if algo not in ALL_ALGOS:
+        raise InputError(f"--algo: unknown algorithm {algo!r} (expected one of {', '.join(ALL_ALGOS)})")
     return importlib.import_module(f".{_MODULES[algo]}", __name__)
 
 
 def solve(profile: Profile, algo: str, memory_limit: int, time_limit: float | None = None,
-          partition: str | None = None, compiled: bool = False) -> Solved:
+          partition: str | None = None, compiled: bool = False, offload_modules: tuple[str, ...] | None = None
+          ) -> Solved:
     """Search a strategy, then simulate it. Raises Infeasible when the algorithm cannot meet the limit. `compiled`:
     for torch.compile, whose selective-checkpoint regions recompute inside the layer's fused backward: every placement
     becomes on_demand and is simulated so (HEU searches on-demand placements only)."""
     part = partition or DEFAULT_PARTITION.get(algo, "even")
     if part not in ("even", "auto"):
         raise InputError(f"--partition: {part!r} is not 'even' or 'auto'")
-    problem = Problem(profile, memory_limit, time_limit, part, compiled)
+    problem = Problem(profile, memory_limit, time_limit, part, compiled, offload_modules)
     module = _module(algo)  # imported before the clock starts: search time is the search alone
     t0 = time.perf_counter()
     limit_s = time_limit if time_limit is not None else getattr(module, "DEFAULT_TIME_LIMIT_S", None)
@@ -121,8 +126,9 @@ def _bound(used: dict) -> CandidateBound | None:
 
 
 def plan(profile: Profile, profile_path: str, profile_sha256: str, algo: str, memory_limit: int,
-         time_limit: float | None = None, partition: str | None = None, compiled: bool = False) -> Plan:
-    solved = solve(profile, algo, memory_limit, time_limit, partition, compiled)
+         time_limit: float | None = None, partition: str | None = None, compiled: bool = False,
+         offload_modules: tuple[str, ...] | None = None) -> Plan:
+    solved = solve(profile, algo, memory_limit, time_limit, partition, compiled, offload_modules)
     made = make_plan(profile, profile_path, profile_sha256, algo, memory_limit, solved.stages, solved.solver,
                      solved.evaluation)
     return made.model_copy(update={"compiled": True}) if compiled else made
