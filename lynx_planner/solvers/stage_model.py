@@ -111,6 +111,36 @@ def chunk_limits(profile: Profile, bounds: list[int], limit: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """A rank holding several chunks (interleaved, v > 1): its chunks' indices among the models, the in-flight counts
+    per chunk at its backwards' starts (schedules.peak_counts), each chunk's most of them (the count its model's bytes
+    are at), and the bytes the rank has for activations."""
+
+    chunks: tuple[int, ...]
+    counts: tuple[tuple[int, ...], ...]
+    most: tuple[int, ...]
+    free: int
+
+
+def rank_memory(profile: Profile, models: list[StageModel], limit: int, cut: list[int] | None = None
+                ) -> list[RankMemory] | None:
+    """Per rank, for models built at the whole `limit` each: what the rank's chunks share (None: one chunk per rank).
+    `cut`: bytes taken off each rank's budget (a simulation found it over)."""
+    par = profile.parallel
+    if par.virtual_stages == 1:
+        return None
+    out = []
+    for r in range(par.pp):
+        mine = schedules.chunks_of(par.pp, par.virtual_stages, r)
+        counts = schedules.peak_counts(par.schedule, par.pp, par.virtual_stages, r, par.num_microbatches)
+        most = tuple(max(1, max(n[i] for n in counts)) for i in range(len(mine)))
+        # each model's budget is the limit less its chunk's static bytes (the per-rank ones included) and held bytes
+        free = sum(models[c].budget for c in mine) - (len(mine) - 1) * (limit - profile.extra_static_bytes)
+        out.append(RankMemory(mine, counts, most, free - (cut[r] if cut else 0)))
+    return out
+
+
 def share_limit(profile: Profile, first: int, end: int, limit: int) -> int:
     """A virtual stage's limit before the split is known (partitioning): as if its rank's other chunks were like it."""
     v = profile.parallel.virtual_stages
