@@ -218,7 +218,8 @@ def audit_case(case: AuditCase, algos: tuple[str, ...] = ("heu", "opt"), opt_tim
 
 
 def run(cases: list[AuditCase], algos: tuple[str, ...] = ("heu", "opt"), opt_time_limit: float | None = 20.0,
-        console: Console | None = None) -> list[dict]:
+        console: Console | None = None, each=None) -> list[dict]:
+    """Audit every case (a progress bar on stderr); `each(row)` is called as each case ends."""
     from rich.progress import Progress
 
     err = Console(stderr=True) if console is None else console
@@ -228,6 +229,8 @@ def run(cases: list[AuditCase], algos: tuple[str, ...] = ("heu", "opt"), opt_tim
         for case in cases:
             bar.update(task, description=case.name)
             rows.append(audit_case(case, algos, opt_time_limit))
+            if each is not None:
+                each(rows[-1])
             bar.advance(task)
     return rows
 

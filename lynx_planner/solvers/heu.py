@@ -584,8 +584,9 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
                 for up in frontier[frontier.index(o) + 1:]:
                     if up.mem - o.mem > left or (c, j, id(up)) in tried:
                         continue
-                    saved = o.exposed_s - up.exposed_s
-                    if saved > 1e-12 and (best is None or saved > best[0]):
+                    # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
+                    saved = (round(o.exposed_s - up.exposed_s, 12), o.cand.rec_s - up.cand.rec_s)
+                    if saved > (0.0, 0.0) and saved[0] >= 0 and (best is None or saved > best[0]):
                         best = (saved, c, j, up)
         if best is None:
             break
