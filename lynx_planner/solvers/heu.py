@@ -571,6 +571,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     pp = profile.parallel.pp
     chosen = [list(opts) for opts in got.chosen]
     pols, cur = got.pols, got.evaluation
+    chosen, pols, cur = _on_demand_ranks(profile, limit, got, chosen, pols, cur)
     tried: set[tuple[int, int, int]] = set()
     for _ in range(max_sims):
         room = {st.stage: limit - st.peak_memory_bytes for st in cur.predicted.stages}
@@ -601,6 +602,36 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         else:
             chosen[c][j] = was
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
+
+
+def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[list[Option]], pols, cur):
+    """Per rank whose plan hides recomputation (layer_above, pooled): its chunks re-solved all on demand, with the room
+    the simulation left on the rank shared among them; kept if the simulation finds it fits and is faster. Hidden
+    recomputation still stretches the backward it hides in, which the stage model does not count: on a rank whose
+    backward is on the pipeline's critical path (the first, in the drain) exposing a little can be faster."""
+    on_demand = next((r for r in got.regimes if r.placements == ("on_demand",) and r.pool_price is None), None)
+    if on_demand is None:
+        return chosen, pols, cur
+    pp, v = profile.parallel.pp, profile.parallel.virtual_stages
+    for rank in range(pp):
+        mine = schedules.chunks_of(pp, v, rank)
+        if all(o.at == "on_demand" for c in mine for o in chosen[c]):
+            continue
+        room = max(0, limit - cur.predicted.stages[rank].peak_memory_bytes) // len(mine)
+        for extra in ((room, 0) if room else (0,)):  # without the room if the room overflows
+            trial = [list(x) for x in chosen]
+            for c in mine:
+                model = got.models[c]
+                solved = solve_stage(profile, replace(model, budget=model.budget + extra), [on_demand], got.exact)
+                if solved is not None:
+                    trial[c] = list(solved[0])
+            trial_pols = policies_of(profile, got.models, trial)
+            result = _simulate(profile, got.bounds, trial_pols)
+            if result.fits(limit):
+                if result.better_than(cur, limit):
+                    chosen, pols, cur = trial, trial_pols, result
+                break
+    return chosen, pols, cur
 
 
 def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option], caches: list[HullCache]):
@@ -683,7 +714,7 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
     full_m = profile.parallel.num_microbatches
     screened.sort(key=lambda got: (not got.evaluation.fits(limit), projected_s(got.evaluation, full_m)))
     contenders = screened[:3]
-    if screened and screened[0].evaluation.fits(limit):  # the best, with the memory its simulation left unused
+    if short is not profile and screened and screened[0].evaluation.fits(limit):  # (else the winner is filled)
         contenders.append(fill(short, limit, screened[0]))
     for got in screened[:2]:
         peaks = [st.peak_memory_bytes for st in got.evaluation.predicted.stages]  # per rank
@@ -727,6 +758,11 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
                 pols, full = repair(profile, limit, got.bounds, got.models, got.chosen, got.regimes)
         if best is None or full.better_than(best[2], limit):
             best = (got.bounds, pols, full)
+            best_got = got
+    if short is profile and best[2].fits(limit):  # the winner, with the memory its simulation left unused
+        filled = fill(profile, limit, best_got)
+        if filled.evaluation.better_than(best[2], limit):
+            best = (filled.bounds, filled.pols, filled.evaluation)
     return best
 
 
