@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0, help="OPT's time limit")
     ap.add_argument("--zoo", default="dense,moe,synthetic,depth")
     ap.add_argument("--cache", default="/tmp/heu-scaling-profiles")
+    ap.add_argument("--models", default=",".join(CATALOG), help="catalog models of --zoo catalog")
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,8 @@ def main() -> None:
 
         print("\n| catalog model | layout | HEU CPU s median (min-max) | search_time_s | iteration s |\n"
               "|---|---|---:|---:|---:|")
-        for name, (tp, pp, dp, ep, v, m) in CATALOG.items():
+        for name in args.models.split(","):
+            tp, pp, dp, ep, v, m = CATALOG[name]
             par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, seq_len=4096, num_microbatches=m,
                                  sequence_parallel=tp > 1, distributed_optimizer=True,
                                  schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)

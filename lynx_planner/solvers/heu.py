@@ -561,7 +561,7 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
     return policies_of(profile, models, chosen), _simulate(profile, bounds, policies_of(profile, models, chosen))
 
 
-FILL_SIMULATIONS = 24  # at most this many simulated steps up per filled plan
+FILL_SIMULATIONS = 12  # at most this many simulated steps up per filled plan
 
 
 def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMULATIONS) -> _Planned:
@@ -573,11 +573,13 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     pols, cur = got.pols, got.evaluation
     chosen, pols, cur = _on_demand_ranks(profile, limit, got, chosen, pols, cur)
     tried: set[tuple[int, int, int]] = set()
+    too_big: dict[int, int] = {}  # per rank: the least step (bytes, in the model's count) the simulation refused
     for _ in range(max_sims):
         room = {st.stage: limit - st.peak_memory_bytes for st in cur.predicted.stages}
         best = None  # (exposure saved, chunk, slot, option)
         for c, model in enumerate(got.models):
-            left = room[schedules.rank_of(pp, c)]
+            rank = schedules.rank_of(pp, c)
+            left = min(room[rank], too_big.get(rank, room[rank] + 1) - 1)
             if left <= 0:
                 continue
             for j, o in enumerate(chosen[c]):
@@ -599,8 +601,12 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         result = _simulate(profile, got.bounds, trial)
         if result.fits(limit) and result.better_than(cur, limit):
             pols, cur = trial, result
+            too_big.clear()
         else:
             chosen[c][j] = was
+            if not result.fits(limit):  # steps as big on this rank would overflow too
+                rank = schedules.rank_of(pp, c)
+                too_big[rank] = min(too_big.get(rank, up.mem - was.mem), up.mem - was.mem)
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
 
 
