@@ -287,9 +287,7 @@ def bench_cmd(
         help="--audit's generated suite: 'full' (128 cases) or 'ci' (4).")] = "full",
 ) -> None:
     """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
-    if audit:
-        bench.audit(check, update, algos, out_dir, time_limit, audit_cases)
-    bench.run(suite, baseline, check, update, algos, out_dir, time_limit)
+    bench.run(suite, baseline, check, update, algos, out_dir, time_limit, audit, audit_cases)
 
 
 @command("tune")

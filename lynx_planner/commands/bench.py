@@ -14,8 +14,11 @@ from .terminal import out
 
 
 def run(suite: Path, baseline: Path | None, check: bool, update: bool, algos: str | None, out_dir: Path,
-        time_limit: float | None) -> None:
+        time_limit: float | None, audit_suite: bool = False, audit_cases: str = "full") -> None:
     from .. import bench
+
+    if audit_suite:
+        audit(check, update, algos, out_dir, time_limit, audit_cases)
 
     # CI logs: no squashing (a width the user sets with COLUMNS is kept)
     wide = out if out.is_terminal or os.environ.get("COLUMNS") else Console(highlight=False, soft_wrap=True, width=200)
