@@ -29,6 +29,11 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
     p = len(bounds) - 1
     v, pp = profile.parallel.virtual_stages, profile.parallel.pp
     cut = [0] * p
+    frugal = None
+    if v > 1:  # the rank budgets are calibrated at the simulated most frugal plan (stage_model.rank_memory)
+        from .heu import HullCache, frugal_peaks
+
+        frugal = frugal_peaks(profile, bounds, HullCache(("on_demand",)))
     best = None
     result = None
     full_budget_bounds = []
@@ -39,7 +44,7 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
         if v > 1:  # the rank's chunks share its memory in the MILP (rank_memory): each model at the whole limit
             models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, waits[s]) for s in range(p)]
             ranks = rank_memory(profile, models, limit, [sum(cut[c] for c in range(p) if c % pp == r)
-                                                           for r in range(pp)])
+                                                           for r in range(pp)], frugal)
         else:
             limits = chunk_limits(profile, bounds, limit)
             models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s] - cut[s], waits[s])
