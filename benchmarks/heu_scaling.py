@@ -7,9 +7,11 @@ CPU seconds (time.process_time) of one HEU search (`solvers.solve`, block caches
     autocast, profiled on this CPU; profiles cached in CACHE): ops of the largest block, repeats folded, candidates,
     the frontier's bound, HEU's time and, with --opt, OPT's time, status and HEU's simulated time above OPT's;
   * a synthetic MoE layer (tests/moe_models.synthetic_moe_block) with 8, 64 and 256 experts;
-  * depth: gpt-175b TP 8 at PP x M, and the 13B PCIe README case.
+  * depth: gpt-175b TP 8 at PP x M, and the 13B PCIe README case;
+  * catalog: every modern catalog model (dense, MoE with EP, MLA) at a layout it trains with, interleaved where its
+    depth allows (CATALOG), on h100-80g-nvlink; `search_time_s` is what `lynx plan` reports (wall, whole search).
 
-    python benchmarks/heu_scaling.py [--repeats 3] [--opt] [--zoo dense,moe,synthetic,depth] [--cache DIR]
+    python benchmarks/heu_scaling.py [--repeats 3] [--opt] [--zoo dense,moe,synthetic,depth,catalog] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ from lynx_planner.solvers import candidates, repeats  # noqa: E402
 
 PRECISIONS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "bf16-autocast": ("fp32", "bf16")}
 DEPTH = [(8, 64), (16, 128), (32, 256), (48, 384)]
+# model: (tp, pp, dp, ep, virtual stages, micro-batches) on h100-80g-nvlink, seq 4096 (DeepSeek's and Qwen3-MoE's
+# 61 and 94 layers: even splits under interleaving need pp x v dividing the layers, as Megatron's does not require)
+CATALOG = {
+    "llama3-8b": (2, 4, 8, 1, 2, 32), "llama3-70b": (8, 4, 4, 1, 5, 32), "llama3-405b": (8, 16, 4, 1, 2, 64),
+    "qwen2.5-72b": (8, 4, 4, 1, 5, 32), "qwen3-32b": (4, 4, 8, 1, 4, 32),
+    "mixtral-8x7b": (2, 4, 8, 8, 2, 32), "mixtral-8x22b": (4, 8, 8, 8, 1, 32),
+    "qwen3-235b-a22b": (4, 8, 16, 16, 1, 64), "deepseek-v3": (1, 16, 64, 64, 1, 64),
+}
 
 
 def _limit(prof: Profile, frac: float = 0.5) -> int:
@@ -97,6 +107,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0, help="OPT's time limit")
     ap.add_argument("--zoo", default="dense,moe,synthetic,depth")
     ap.add_argument("--cache", default="/tmp/heu-scaling-profiles")
+    ap.add_argument("--models", default=",".join(CATALOG), help="catalog models of --zoo catalog")
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -133,6 +144,22 @@ def main() -> None:
             limit = _limit(prof, frac)
             med, lo, hi, heu = timed(prof, "heu", limit, args.repeats)
             print(f"| {label} | {len(prof.layers) / prof.parallel.pp:.1f} | {med:.3f} ({lo:.3f}-{hi:.3f}) | "
+                  f"{heu.evaluation.predicted.iteration_time_s:.4f} |", flush=True)
+    if "catalog" in parts:
+        from lynx_planner.analytic import profile as analytic_profile
+
+        print("\n| catalog model | layout | HEU CPU s median (min-max) | search_time_s | iteration s |\n"
+              "|---|---|---:|---:|---:|")
+        for name in args.models.split(","):
+            tp, pp, dp, ep, v, m = CATALOG[name]
+            par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, seq_len=4096, num_microbatches=m,
+                                 sequence_parallel=tp > 1, distributed_optimizer=True,
+                                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
+            prof = analytic_profile(MODELS[name], par, HARDWARE["h100-80g-nvlink"])
+            limit = _limit(prof, 0.5)
+            med, lo, hi, heu = timed(prof, "heu", limit, args.repeats)
+            layout = f"tp{tp} pp{pp}" + (f" v{v}" if v > 1 else "") + f" dp{dp}" + (f" ep{ep}" if ep > 1 else "")
+            print(f"| {name} | {layout} M{m} | {med:.3f} ({lo:.3f}-{hi:.3f}) | {heu.solver.search_time_s:.3f} | "
                   f"{heu.evaluation.predicted.iteration_time_s:.4f} |", flush=True)
 
 

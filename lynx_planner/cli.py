@@ -318,9 +318,12 @@ def bench_cmd(
     = Path("bench/out"),
     time_limit: Annotated[Optional[float], typer.Option(
         min=0.001, show_default="the solver's own", help="Seconds each MILP solver may search.")] = None,
+    audit: Annotated[bool, typer.Option("--audit", help=helptext.BENCH_AUDIT)] = False,
+    audit_cases: Annotated[str, typer.Option(
+        help="--audit's generated suite: 'full' (128 cases) or 'ci' (4).")] = "full",
 ) -> None:
     """Run every algorithm on a suite of profiles and memory limits; report quality and search time."""
-    bench.run(suite, baseline, check, update, algos, out_dir, time_limit)
+    bench.run(suite, baseline, check, update, algos, out_dir, time_limit, audit, audit_cases)
 
 
 @command("tune")

@@ -133,3 +133,20 @@ def all_to_all_s(nbytes: float, n: int, bus: tuple[float, float]) -> float:
     if n == 1:
         return 0.0
     return (n - 1) / n * nbytes / bus[0] + bus[1]
+
+
+def ep_all_to_all_s(nbytes: float, n: int, stride: int, hw: Hardware) -> float:
+    """Expert-parallel dispatch or combine: an all-to-all over n ranks `stride` GPUs apart (EP ranks are tp apart in
+    Megatron's order) in which each rank holds `nbytes`, keeps 1/n and sends 1/n to each peer (balanced routing).
+    Peers on its own node are reached over the intra-node link, the others over the rank's NIC; the two parts are
+    priced one after the other, so the time is the mix of the all-intra-node and all-inter-node prices weighted by
+    the share of peers on the node (an EP 16 group over two 8-GPU nodes: 7 of 15 peers inside). docs/moe.md."""
+    if n == 1:
+        return 0.0
+    per_node = max(1, min(n, hw.gpus_per_node // stride))  # the group's ranks on one node
+    inside = (per_node - 1) / (n - 1)
+    intra = all_to_all_s(nbytes, n, (hw.intra_node_bus_bytes_per_s, hw.intra_node_latency_s))
+    if inside == 1:
+        return intra
+    inter = all_to_all_s(nbytes, n, (hw.inter_node_bus_bytes_per_s, hw.inter_node_latency_s))
+    return inside * intra + (1 - inside) * inter

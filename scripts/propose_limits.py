@@ -35,6 +35,8 @@ CI = [
     "gpt-6.7b-a100-40g-nvlink-tp4-pp4-mb1-m16",
     "gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16",
     "gpt-22b-a100-80g-nvlink-tp8-pp4-mb1-m16",
+    "llama3-8b-h100-80g-nvlink-tp2-pp4-v2-mb1-m16",  # 2026: modern dense, interleaved
+    "mixtral-8x7b-h100-80g-nvlink-tp2-pp4-dp8-ep8-mb1-m16",  # 2026: MoE with EP
 ]
 
 

@@ -50,6 +50,28 @@ PROFILES = [("gpt-1.3b", "a100-40g-nvlink", 1, 2, 4, 8),
             ("gpt-22b", "h100-80g-nvlink", 8, 4, 4, 16),
             ("gpt-22b", "h100-80g-nvlink", 8, 8, 1, 64)]
 
+# 2026 cases (bench suites, issue 29): modern dense, MoE with EP, interleaved and zero bubble, on h100-80g-nvlink, bf16,
+# no dropout. bench/models/deepseek-v3-14l.json is the catalog's deepseek-v3 cut to 14 layers.
+_H100 = ("--hardware", "h100-80g-nvlink")
+MODERN_PROFILES = [
+    ("llama3-8b-h100-80g-nvlink-tp2-pp4-v2-mb1-m16",
+     ("llama3-8b", *_H100, "--tp", "2", "--pp", "4", "--micro-batch-size", "1", "--num-microbatches", "16",
+      "--schedule", "interleaved-1f1b", "--virtual-stages", "2")),
+    ("llama3-8b-h100-80g-nvlink-tp2-pp4-zb-v2-mb1-m16",
+     ("llama3-8b", *_H100, "--tp", "2", "--pp", "4", "--micro-batch-size", "1", "--num-microbatches", "16",
+      "--schedule", "zero-bubble", "--virtual-stages", "2")),
+    ("qwen3-32b-h100-80g-nvlink-tp4-sp-pp4-mb1-s4096-m16",
+     ("qwen3-32b", *_H100, "--tp", "4", "--pp", "4", "--sequence-parallel", "--micro-batch-size", "1", "--seq-len",
+      "4096", "--num-microbatches", "16")),
+    ("mixtral-8x7b-h100-80g-nvlink-tp2-pp4-dp8-ep8-mb1-m16",
+     ("mixtral-8x7b", *_H100, "--tp", "2", "--pp", "4", "--dp", "8", "--ep", "8", "--distributed-optimizer",
+      "--micro-batch-size", "1", "--num-microbatches", "16")),
+    ("deepseek-v3-14l-h100-80g-nvlink-tp1-pp4-v2-dp16-ep16-mb1-m16",
+     ("bench/models/deepseek-v3-14l.json", *_H100, "--tp", "1", "--pp", "4", "--dp", "16", "--ep", "16",
+      "--distributed-optimizer", "--micro-batch-size", "1", "--num-microbatches", "16", "--schedule",
+      "interleaved-1f1b", "--virtual-stages", "2")),
+]
+
 # The example plans: (profile name in profiles/, memory limit, algorithms).
 PLANS = [("gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16", "16.1875GiB", ("heu", "opt", "full", "block", "adapipe")),
          ("gpt-22b-h100-80g-nvlink-tp8-pp8-mb1-m64", "8.8125GiB", ("heu", "full")),
@@ -132,6 +154,12 @@ def regenerate(root: Path, parts: tuple[str, ...] = PARTS, log=print) -> None:
         if part == "profiles":
             for row in PROFILES:
                 make_profile(root, row)
+            for name, args in MODERN_PROFILES:
+                (root / "profiles").mkdir(parents=True, exist_ok=True)
+                if args[0].endswith(".json") and root != ROOT:  # a model file of the repository
+                    (root / args[0]).parent.mkdir(parents=True, exist_ok=True)
+                    (root / args[0]).write_bytes((ROOT / args[0]).read_bytes())
+                lynx(root, "profile", *args, "-o", Path("profiles") / f"{name}.json")
         elif part == "plans":
             for name, limit, algos in PLANS:
                 for algo in algos:

@@ -278,8 +278,30 @@ def shipped_profiles() -> list[Path]:
     return sorted((ROOT / "profiles").glob("*.json"))
 
 
+# the 2026 cases (scripts/regenerate.py MODERN_PROFILES): MODEL-HARDWARE-tpT[-sp]-ppP[-zb][-vV][-dpD][-epE]-mbB[-sS]-mM
+MODERN = re.compile(r"^(.+?)-([a-z0-9]+-\d+g-[a-z]+)-tp(\d+)(-sp)?-pp(\d+)(-zb)?(?:-v(\d+))?(?:-dp(\d+))?"
+                    r"(?:-ep(\d+))?-mb(\d+)(?:-s(\d+))?-m(\d+)$")
+
+
+def test_shipped_modern_profiles_match_their_names():
+    paths = [p for p in shipped_profiles() if not p.stem.startswith("gpt-")]
+    assert len(paths) >= 4
+    for path in paths:
+        m = MODERN.match(path.stem)
+        assert m, path.name
+        p = load_model(path, Profile)
+        par = p.parallel
+        v = int(m.group(7) or 1)
+        schedule = "zero-bubble" if m.group(6) else "interleaved-1f1b" if v > 1 else "1f1b"
+        assert (p.model.name, p.hardware.name) == (m.group(1), m.group(2))
+        assert (par.tp, par.sequence_parallel, par.pp, par.schedule, par.virtual_stages) == (
+            int(m.group(3)), bool(m.group(4)), int(m.group(5)), schedule, v)
+        assert (par.dp, par.ep, par.micro_batch_size, par.seq_len, par.num_microbatches) == (
+            int(m.group(8) or 1), int(m.group(9) or 1), int(m.group(10)), int(m.group(11) or 2048), int(m.group(12)))
+
+
 def test_shipped_profiles_match_their_names():
-    paths = shipped_profiles()
+    paths = [p for p in shipped_profiles() if p.stem.startswith("gpt-")]
     assert 20 <= len(paths) <= 40
     for path in paths:
         m = NAME.match(path.stem)
@@ -298,7 +320,7 @@ def test_shipped_suite_limits_are_between_full_and_none(suite_dir):
     if suite_dir == "bench":
         assert {c.path.resolve() for c in cases} == {p.resolve() for p in shipped_profiles()}
     else:
-        assert 3 <= len(cases) <= 8
+        assert 3 <= len(cases) <= 10
     for case in cases:
         profile = load_model(case.path, Profile)
         none = solvers.solve(profile, "none", 2**62).evaluation.peak_bytes

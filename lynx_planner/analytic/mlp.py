@@ -103,7 +103,7 @@ def _experts(ops: _OpList, spec: ModelSpec, par: ParallelConfig, n: int, src: st
     ew(ops, "mlp.experts:_to_copy#0", STAT * nk, inputs=[srt])
     ew(ops, "mlp.experts:histc#0", STAT * m.experts // ep)
     offs = ew(ops, "mlp.experts:cumsum#0", STAT * m.experts // ep)
-    a2a = costs.all_to_all_s(ACT * nk * h, ep, costs.link(ops.hw, par.tp * ep))
+    a2a = costs.ep_all_to_all_s(ACT * nk * h, ep, par.tp, ops.hw)  # its traffic inside and between nodes
     if ep > 1:
         ops.last = perm  # the dispatch sends the permuted tokens
         perm = ops.collective("mlp.experts:ep_dispatch#0", a2a, a2a, ACT * nk * h)

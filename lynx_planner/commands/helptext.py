@@ -29,6 +29,11 @@ BENCH_CHECK = ("Exit 1 if a heu/opt plan got >0.5% slower than the baseline (the
                "file's), broke memory, or any plan failed `lynx check`. Refused (exit 2) without heu and opt, or with "
                "a baseline that is empty or lacks a case or an algorithm that runs.")
 
+BENCH_AUDIT = ("Run an independent second search (coordinate descent over coarse per-chunk policies, judged by the "
+               "simulator) against heu and opt on a generated suite (every schedule, dense and MoE, with and without "
+               "EP, two memory limits, even and auto split); print the cases where it wins, write OUT/audit.json; "
+               "exit 1 if it beats one by more than 0.5%.")
+
 EXPORT_TO = ("megatron: Megatron-LM arguments; torchtitan: torchtitan 0.3 command-line arguments and the LynxAC hook; "
              "torchtitan-0.2: a torchtitan 0.2.2 TOML job file and the apply_plan call.")
 

@@ -99,3 +99,25 @@ def in_flight(name: str, p: int, v: int, chunk: int, m: int) -> int:
             held += 1 if kind == "F" else -1
             most = held if held > most else most
     return most
+
+
+@lru_cache(maxsize=4096)
+def peak_counts(name: str, p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """The rank's in-flight counts per chunk (chunks_of order) at the start of each of its backwards, counting a
+    micro-batch from its forward to its W (its B where the backward is not split): the moments its activation memory
+    peaks. Only the counts no other one dominates (the chunks' maxima of `in_flight` do not coincide: interleaved
+    rank 0 of p 4, v 2, m 16 holds (7, 4) or (8, 3), never (8, 4))."""
+    mine = chunks_of(p, v, rank)
+    held = dict.fromkeys(mine, 0)
+    seen = set()
+    for kind, c, _ in order(name, p, v, rank, m):
+        if kind == "F":
+            held[c] += 1
+        elif kind == "B":
+            seen.add(tuple(held[d] for d in mine))
+            if not SCHEDULES[name].splits_backward:
+                held[c] -= 1
+        else:
+            held[c] -= 1
+    return tuple(sorted(a for a in seen
+                        if not any(b != a and all(x <= y for x, y in zip(a, b)) for b in seen)))

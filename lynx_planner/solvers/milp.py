@@ -27,7 +27,7 @@ from pyomo.contrib.solver.solvers.highs import Highs
 from ..io import raise_if_interrupted
 from ..schema import Profile
 from .candidates import Candidate
-from .stage_model import StageModel, candidates_of
+from .stage_model import RankMemory, StageModel, candidates_of
 
 MIB = float(1 << 20)
 REL_GAP = 1e-4
@@ -60,8 +60,10 @@ def _placements(model: StageModel, slot, c: Candidate, allowed: tuple[str, ...])
 
 
 def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], objective: str,
-          time_limit: float | None) -> MilpResult:
-    """`time_limit` bounds the whole call: building the candidates and the model counts against it."""
+          time_limit: float | None, ranks: list[RankMemory] | None = None) -> MilpResult:
+    """`time_limit` bounds the whole call: building the candidates and the model counts against it. `ranks`: memory
+    is budgeted per rank, over all its chunks at each of its backwards' starts (the chunks' own budgets unused), and
+    the objective counts a rank's chunks one after another."""
     started = time.perf_counter()
     m = pyo.ConcreteModel()
     classes: list[tuple[int, tuple, list[int]]] = []  # (stage, key, slot indices)
@@ -119,27 +121,48 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
             return max(0.0, c.rec_s - slot.above_s)
         return 0.0
 
-    def memory(_, s: int):
+    def held(s: int):  # MiB the in-flight micro-batches of chunk s hold at its model's counts
+        return sum(m.n[k] * (models[s].in_flight * info[k][2].kept_bytes + models[s].awaiting_w * (
+            info[k][2].kept_bytes + info[k][2].rec_bytes)) / MIB for k in index if info[k][0] == s)
+
+    def around(s: int):  # MiB regenerated around chunk s's backward: pooled, the top layer's, the largest below it
         mine = [k for k in index if info[k][0] == s]
-        kept = sum(m.n[k] * (models[s].in_flight * info[k][2].kept_bytes + models[s].awaiting_w * (
-            info[k][2].kept_bytes + info[k][2].rec_bytes)) / MIB for k in mine)
         early = sum(m.n[k] * info[k][2].rec_bytes / MIB for k in mine if k[2] in ("grad_wait", "prev_forward"))
         top = sum(m.n[k] * info[k][2].rec_bytes / MIB for k in mine if k[2] == "on_demand" and info[k][1].top)
-        return kept + early + top + m.z[s] <= models[s].budget / MIB
+        return early + top + m.z[s]
 
-    m.memory = pyo.Constraint(stages, rule=memory)
+    if ranks is None:
+        m.memory = pyo.Constraint(stages, rule=lambda _, s: held(s) + around(s) <= models[s].budget / MIB)
+    else:
+        # a rank's memory at each backward's start: every chunk's in-flight micro-batches at that moment's counts,
+        # plus what is regenerated around the backward of one chunk (the larger of its chunks')
+        m.r = pyo.Var(range(len(ranks)), domain=pyo.NonNegativeReals)
+        m.around = pyo.Constraint([(ri, s) for ri, rk in enumerate(ranks) for s in rk.chunks],
+                                  rule=lambda _, ri, s: m.r[ri] >= around(s))
+        m.memory = pyo.Constraint([(ri, ni) for ri, rk in enumerate(ranks) for ni in range(len(rk.counts))],
+                                  rule=lambda _, ri, ni: sum(
+                                      ranks[ri].counts[ni][i] / ranks[ri].most[i] * held(s)
+                                      for i, s in enumerate(ranks[ri].chunks) if ranks[ri].counts[ni][i])
+                                  + m.r[ri] <= ranks[ri].free / MIB)
     # a prev_forward recomputation that does not fire (1F1B cool-down) runs on demand: averaged over micro-batches
     m.time = pyo.Constraint(stages, rule=lambda _, s: m.t[s] == models[s].compute_s / MS + sum(
         m.n[k] * exposed(k) / MS for k in index if info[k][0] == s) + m.e_pool[s, "grad_wait"]
         + m.e_pool[s, "prev_forward"] + (1 - share(s, "prev_forward")) * pool_work(s, "prev_forward") / MS)
-    m.bottleneck = pyo.Constraint(stages, rule=lambda _, s: m.tau >= m.t[s])
+    if ranks is None:
+        m.bottleneck = pyo.Constraint(stages, rule=lambda _, s: m.tau >= m.t[s])
+    else:  # a rank runs its chunks one after another for every micro-batch
+        m.bottleneck = pyo.Constraint(range(len(ranks)), rule=lambda _, ri: m.tau >= sum(
+            m.t[s] for s in ranks[ri].chunks))
+    per_rank = 1 if ranks is None else len(ranks[0].chunks)
     if objective == "total":
         m.obj = pyo.Objective(expr=sum(m.t[s] for s in stages))
         offset = 0.0
     elif objective == "iteration":
         # the pipeline's iteration: every stage once (fill and drain), the slowest M - 1 more times, the transfers
-        # of the fill and the drain; the same as the simulator's for equal stages
-        m.obj = pyo.Objective(expr=(profile.parallel.num_microbatches - 1) * m.tau + sum(m.t[s] for s in stages))
+        # of the fill and the drain; the same as the simulator's for equal stages (a rank of v chunks: the slowest
+        # rank M - 1 more times, the fill and drain one chunk per rank)
+        m.obj = pyo.Objective(expr=(profile.parallel.num_microbatches - 1) * m.tau
+                              + sum(m.t[s] for s in stages) / per_rank)
         offset = 2 * sum(md.send_s for md in models) / MS
     else:
         raise ValueError(f"unknown MILP objective {objective!r}")

@@ -10,7 +10,7 @@ from .. import schedules
 from ..schema import LayerPolicy, Profile
 from . import Strategy, milp
 from .milp import REL_GAP
-from .stage_model import chunk_limits, measured_grad_waits, stage_model
+from .stage_model import chunk_limits, measured_grad_waits, rank_memory, stage_model
 
 
 def policies(profile: Profile, models, choices) -> list[LayerPolicy]:
@@ -27,7 +27,13 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
     the full budget (a restricted problem's bound does not bound the problem) and its status is at most feasible."""
     deadline = None if time_limit is None else time.perf_counter() + time_limit
     p = len(bounds) - 1
+    v, pp = profile.parallel.virtual_stages, profile.parallel.pp
     cut = [0] * p
+    frugal = None
+    if v > 1:  # the rank budgets are calibrated at the simulated most frugal plan (stage_model.rank_memory)
+        from .heu import HullCache, frugal_peaks
+
+        frugal = frugal_peaks(profile, bounds, HullCache(("on_demand",)))
     best = None
     result = None
     full_budget_bounds = []
@@ -35,9 +41,16 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             break
-        limits = chunk_limits(profile, bounds, limit)
-        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s] - cut[s], waits[s]) for s in range(p)]
-        result = milp.solve(profile, models, allowed, objective, left)
+        if v > 1:  # the rank's chunks share its memory in the MILP (rank_memory): each model at the whole limit
+            models = [stage_model(profile, s, bounds[s], bounds[s + 1], limit, waits[s]) for s in range(p)]
+            ranks = rank_memory(profile, models, limit, [sum(cut[c] for c in range(p) if c % pp == r)
+                                                           for r in range(pp)], frugal)
+        else:
+            limits = chunk_limits(profile, bounds, limit)
+            models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s] - cut[s], waits[s])
+                      for s in range(p)]
+            ranks = None
+        result = milp.solve(profile, models, allowed, objective, left, ranks)
         if result.status == "infeasible":
             break
         if not any(cut):
@@ -57,7 +70,6 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             if all(abs(a - b) < 1e-6 for a, b in zip(new_waits, waits)):
                 break
             waits = new_waits
-        v = profile.parallel.virtual_stages
         for rank, excess in over.items():  # the rank's chunks share the cut
             for c in range(p):
                 if schedules.rank_of(profile.parallel.pp, c) == rank:

@@ -111,6 +111,48 @@ def chunk_limits(profile: Profile, bounds: list[int], limit: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """A rank holding several chunks (interleaved, v > 1): its chunks' indices among the models, the in-flight counts
+    per chunk at its backwards' starts (schedules.peak_counts), each chunk's most of them (the count its model's bytes
+    are at), and the bytes the rank has for activations."""
+
+    chunks: tuple[int, ...]
+    counts: tuple[tuple[int, ...], ...]
+    most: tuple[int, ...]
+    free: int
+
+
+def rank_memory(profile: Profile, models: list[StageModel], limit: int, cut: list[int] | None = None,
+                frugal_peaks: list[int] | None = None) -> list[RankMemory] | None:
+    """Per rank, for models built at the whole `limit` each: what the rank's chunks share (None: one chunk per rank).
+    `cut`: bytes taken off each rank's budget (a simulation found it over). `frugal_peaks`: each rank's simulated peak
+    with every layer at its most frugal policy; the rank's budget is then calibrated there (this count at those
+    policies plus the room the simulation leaves), as HEU's rank_limits does."""
+    par = profile.parallel
+    if par.virtual_stages == 1:
+        return None
+    out = []
+    for r in range(par.pp):
+        mine = schedules.chunks_of(par.pp, par.virtual_stages, r)
+        counts = schedules.peak_counts(par.schedule, par.pp, par.virtual_stages, r, par.num_microbatches)
+        most = tuple(max(1, max(n[i] for n in counts)) for i in range(len(mine)))
+        # each model's budget is the limit less its chunk's static bytes (the per-rank ones included) and held bytes
+        free = sum(models[c].budget for c in mine) - (len(mine) - 1) * (limit - profile.extra_static_bytes)
+        if frugal_peaks is not None:
+            held, near = [], 0
+            for c in mine:
+                frugal = [min(candidates_of(profile, sl.block), key=lambda x: (x.kept_bytes, x.rec_s))
+                          for sl in models[c].slots]
+                held.append(sum(models[c].in_flight * x.kept_bytes + models[c].awaiting_w * (x.kept_bytes + x.rec_bytes)
+                                for x in frugal))
+                near = max(near, frugal[-1].rec_bytes)  # the top layer's, recomputed on demand at the peak
+            at_frugal = max(sum(n[i] * held[i] / most[i] for i in range(len(mine))) for n in counts) + near
+            free = int(at_frugal) + limit - frugal_peaks[r]
+        out.append(RankMemory(mine, counts, most, free - (cut[r] if cut else 0)))
+    return out
+
+
 def share_limit(profile: Profile, first: int, end: int, limit: int) -> int:
     """A virtual stage's limit before the split is known (partitioning): as if its rank's other chunks were like it."""
     v = profile.parallel.virtual_stages
