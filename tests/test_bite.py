@@ -122,6 +122,12 @@ def test_tune_moves_a_model_file_to_dp_with_the_optimizer_resharded(tmp_path):
 # TrainingConfig). Checked against that tag's source; update with export.MEGATRON_VERSION.
 MEGATRON_FLAGS_VERSION = "Megatron-LM core_v0.19.0"
 MEGATRON_FLAGS = {
+    # the model's architecture (exports/megatron_model.py; tests/test_megatron_export.py parses them with Megatron's own
+    # parser where megatron-core is installed)
+    "--normalization": str, "--norm-epsilon": float, "--swiglu": bool, "--disable-bias-linear": bool,
+    "--position-embedding-type": str, "--rotary-base": float, "--kv-channels": int, "--group-query-attention": bool,
+    "--num-query-groups": int, "--untie-embeddings-and-output-weights": bool, "--vocab-size": int,
+    "--make-vocab-size-divisible-by": int, "--attention-dropout": float, "--hidden-dropout": float,
     "--tensor-model-parallel-size": int,  # ModelParallelConfig.tensor_model_parallel_size
     "--pipeline-model-parallel-size": int,  # ModelParallelConfig.pipeline_model_parallel_size
     "--sequence-parallel": bool,  # ModelParallelConfig.sequence_parallel

@@ -74,7 +74,7 @@ def test_megatron_export_of_a_zero_bubble_plan_warns_it_runs_another_schedule(tm
 def test_torchtitan_export_names_the_plans_schedule(tmp_path, schedule, virtual, torchtitan_name):
     """torchtitan's --parallelism.pipeline_parallel_schedule values are the names of torch's schedule classes
     without 'Schedule' (torchtitan/distributed/pipeline_parallel.py: get_schedule_class)."""
-    plan = _plan(tmp_path, "gpt-1.3b", "--hardware", "a100-80g-nvlink", "--pp", "2", "--num-microbatches", "4",
+    plan = _plan(tmp_path, "llama3-8b", "--hardware", "h100-80g-nvlink", "--pp", "2", "--num-microbatches", "4",
                  "--schedule", schedule, "--virtual-stages", virtual, "--seq-len", "1024")
     r = lynx("export", plan, "--to", "torchtitan")
     assert r.exit_code == 0, r.output

@@ -27,7 +27,8 @@ SEQ, MB = 16, 2
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v3_dense_first")
 # Megatron's rules: what is replicated on every TP rank (norms, routers, the shared expert's gate, MLA's
 # down-projections); routed experts split over TP x EP; every other weight of a layer split over TP.
-REPLICATED = ("norm", "mlp.gate.", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa")
+REPLICATED = ("norm", "mlp.gate.", "shared_expert_gate", "q_a_proj", "kv_a_proj_with_mqa", "mlp.router.",
+              "feed_forward.router.", "o_proj.bias")  # a row-parallel GEMM's bias: added once, after the reduce
 
 
 def _spec(family: str, **change):
@@ -49,7 +50,7 @@ def _hf_params(family: str, **change) -> dict[str, int]:
 def _rank_share(name: str, n: int, tp: int, ep: int) -> int:
     if any(r in name for r in REPLICATED):
         return n
-    if ".mlp.experts." in name:
+    if ".experts." in name:  # routed experts (Llama 4's under feed_forward)
         assert n % (tp * ep) == 0
         return n // (tp * ep)
     assert n % tp == 0, name
@@ -59,6 +60,8 @@ def _rank_share(name: str, n: int, tp: int, ep: int) -> int:
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("family", list(CONFIGS))
 def test_params_per_rank_follow_megatrons_split_of_transformers_weights(family, tp):
+    if family == "olmo2" and tp > 1:
+        pytest.skip("OLMo 2's q/k norm over all heads has no Megatron split; lynx shards it per rank (docs/models.md)")
     ep = 2 if family in MOE else 1
     par = ParallelConfig(seq_len=SEQ, micro_batch_size=MB, tp=tp, dp=2, ep=ep)
     ana = profile(_spec(family), par, HW)
@@ -85,7 +88,7 @@ def test_total_and_active_params_equal_transformers(family, tied):
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     if experts:
         top_k = cfg["num_experts_per_tok"]
-        routed = sum(n for k, n in hf.items() if ".mlp.experts." in k)
+        routed = sum(n for k, n in hf.items() if ".experts." in k)
         assert spec.active_params() == sum(hf.values()) - routed * (experts - top_k) // experts
     # one tensor on one stage: an untied head at pp 1, nothing more where the head is the embedding
     one_stage = profile(spec, ParallelConfig(seq_len=SEQ, micro_batch_size=MB), HW)

@@ -77,7 +77,8 @@ def test_shipped_profiles_and_plans_reproduce_byte_for_byte(tmp_path):
 
 
 def test_regenerate_covers_every_shipped_profile_and_plan():
-    profiles = {f"{regenerate.profile_name(*r)}.json" for r in regenerate.PROFILES}
+    profiles = {f"{regenerate.profile_name(*r)}.json" for r in regenerate.PROFILES} | \
+        {f"{name}.json" for name, _ in regenerate.MODERN_PROFILES}
     assert profiles == {p.name for p in (ROOT / "profiles").glob("*.json")}
     plans = {f"{n}-{a}.json" for n, _, algos in regenerate.PLANS for a in algos}
     assert plans == {p.name for p in (ROOT / "plans").glob("*.json")}

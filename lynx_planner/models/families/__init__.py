@@ -24,7 +24,7 @@ _MOST = {"num_hidden_layers": MAX_LAYERS, "first_k_dense_replace": MAX_LAYERS, "
          "interleave_moe_layer_step": MAX_LAYERS, "num_nextn_predict_layers": MAX_LAYERS,
          "sliding_window": 1 << 30, "attention_chunk_size": 1 << 30, "max_window_layers": MAX_LAYERS}
 _MAY_BE_ZERO = {"n_shared_experts", "first_k_dense_replace", "shared_expert_intermediate_size", "q_lora_rank",
-                "num_nextn_predict_layers", "max_window_layers", "num_shared_experts", "decoder_sparse_step",
+                "num_nextn_predict_layers", "max_window_layers", "num_shared_experts",
                 "n_group", "topk_group"}
 
 # every config.json carries these; none changes what a training step keeps or how long it runs
