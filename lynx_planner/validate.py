@@ -235,22 +235,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             wall = time.perf_counter() - t0
             return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
 
-        for k in range(warmup):
-            for i in _rotated(len(jobs), k):
-                iteration(jobs[i])
-        results: list[dict] = [{"iterations": [], "stages": []} for _ in jobs]
-        for k in range(repeats):
-            for i in _rotated(len(jobs), k):
-                wall, st = iteration(jobs[i])
-                results[i]["iterations"].append(wall)
-                results[i]["stages"].append(st.__dict__)
-        for i, job in enumerate(jobs):
-            tracker[0], held_at_backward[0] = LiveBytes(), 0
-            with tracker[0]:
-                iteration(job)
-            results[i]["activation_bytes"] = tracker[0].peak
-            results[i]["held_at_backward_bytes"] = held_at_backward[0]
-            tracker[0] = None
+        results = measure_jobs(jobs, iteration, warmup, repeats, tracker, held_at_backward)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     except BaseException as e:  # reported by the parent in one line, not as a child traceback
         Path(out_dir, f"rank{rank}.error").write_text(_failure(e, model_path))
@@ -258,6 +243,31 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
     region_module.Region.recompute = original
     dist.barrier()
     dist.destroy_process_group()
+
+
+def measure_jobs(jobs: list, iteration, warmup: int, repeats: int, tracker: list, held: list) -> list[dict]:
+    """Warm-up, then `repeats` timed rounds over the jobs in rotated order (`iteration(job)` -> (wall, StageTimes)),
+    then one more iteration of each under a LiveBytes tracker (`tracker[0]`; `held[0]`: the bytes held when its
+    backward starts, set by the iteration)."""
+    from .profiler.memory import LiveBytes
+
+    for k in range(warmup):
+        for i in _rotated(len(jobs), k):
+            iteration(jobs[i])
+    results: list[dict] = [{"iterations": [], "stages": []} for _ in jobs]
+    for k in range(repeats):
+        for i in _rotated(len(jobs), k):
+            wall, st = iteration(jobs[i])
+            results[i]["iterations"].append(wall)
+            results[i]["stages"].append(st.__dict__)
+    for i, job in enumerate(jobs):
+        tracker[0], held[0] = LiveBytes(), 0
+        with tracker[0]:
+            iteration(job)
+        results[i]["activation_bytes"] = tracker[0].peak
+        results[i]["held_at_backward_bytes"] = held[0]
+        tracker[0] = None
+    return results
 
 
 def _rotated(n: int, k: int) -> list[int]:

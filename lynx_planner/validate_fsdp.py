@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .io import InputError, load_model
 from .schema import Plan
-from .validate import PlanRun, StageTimes, _failure, _free_port, _profile_of, _rotated, _squares, _stage_module
+from .validate import PlanRun, StageTimes, _failure, _free_port, _profile_of, _squares, _stage_module, measure_jobs
 
 
 def check(plans: list[Plan]) -> int:
@@ -112,22 +112,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             dist.barrier()
             return time.perf_counter() - t0, StageTimes(fwd, bwd, rec["bwd"], rec["early"], wall)
 
-        for k in range(warmup):
-            for i in _rotated(len(jobs), k):
-                iteration(jobs[i])
-        results: list[dict] = [{"iterations": [], "stages": []} for _ in jobs]
-        for k in range(repeats):
-            for i in _rotated(len(jobs), k):
-                wall, st = iteration(jobs[i])
-                results[i]["iterations"].append(wall)
-                results[i]["stages"].append(st.__dict__)
-        for i, job in enumerate(jobs):
-            tracker[0], held[0] = LiveBytes(), 0
-            with tracker[0]:
-                iteration(job)
-            results[i]["activation_bytes"] = tracker[0].peak
-            results[i]["held_at_backward_bytes"] = held[0]
-            tracker[0] = None
+        results = measure_jobs(jobs, iteration, warmup, repeats, tracker, held)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     except BaseException as e:  # reported by the parent in one line
         Path(out_dir, f"rank{rank}.error").write_text(_failure(e, model_path))
