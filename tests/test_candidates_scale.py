@@ -193,9 +193,9 @@ def test_milp_time_limit_charges_the_candidate_build(monkeypatch):
     real = candidates._search
     sizes = []
 
-    def search(info, work, step):
+    def search(info, work, step, *resume):
         searched.append((work, step))
-        got = real(info, work, step)
+        got = real(info, work, step, *resume)
         sizes.append(len(got[0]))
         return got
 
