@@ -61,36 +61,95 @@ SHORT_STEADY = 9  # steady-state micro-batches past the warm-up that a deep pipe
 FULL_JUDGE_ACTIONS = 4096  # p * M up to which every contender is also judged on the full-length pipeline
 
 
-def _placed(slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> list[tuple[Candidate, str, float]]:
-    """Each candidate at its best allowed placement: (candidate, placement, exposure per micro-batch)."""
-    placed = []
-    for c in cands:
-        best = None
-        for at in placements:
-            e = exposure(slot, c, at)
-            if e is not None and (best is None or e < best[1]):
-                best = (at, e)
-        placed.append((c, best[0], best[1]))
-    return placed
+@dataclass(frozen=True, eq=False)
+class _Costs:
+    """A block's candidates' costs as arrays (what _placed and _options read of every candidate)."""
+
+    cands: tuple[Candidate, ...]
+    kept: np.ndarray  # int64
+    rec_bytes: np.ndarray  # int64
+    rec_s: np.ndarray
+    replays: np.ndarray  # bool
 
 
-def _options(model: StageModel, slot, placed: list[tuple[Candidate, str, float]], pool_price: float | None = None
-             ) -> list[Option]:
+_COSTS: dict[int, _Costs] = {}  # by id of a frontier's candidates (held: the id stays theirs)
+
+
+def _costs(cands: tuple[Candidate, ...]) -> _Costs:
+    got = _COSTS.get(id(cands))
+    if got is None or got.cands is not cands:
+        if len(_COSTS) > 256:
+            _COSTS.clear()
+        got = _COSTS[id(cands)] = _Costs(
+            cands, np.array([c.kept_bytes for c in cands], dtype=np.int64),
+            np.array([c.rec_bytes for c in cands], dtype=np.int64), np.array([c.rec_s for c in cands]),
+            np.array([c.replays_collective for c in cands], dtype=bool))
+    return got
+
+
+@dataclass(frozen=True, eq=False)
+class Placed:
+    """Each candidate at its best allowed placement: the placement (an index into `placements`) and its exposure per
+    micro-batch (stage_model.exposure's, computed for all candidates at once)."""
+
+    costs: _Costs
+    placements: tuple[str, ...]
+    at: np.ndarray
+    exposed_s: np.ndarray
+
+
+def _placed(slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> Placed:
+    """Each candidate at its best allowed placement (the first of `placements` exposing least)."""
+    a = _costs(cands)
+    best = np.full(len(cands), np.inf)
+    at = np.full(len(cands), -1, dtype=np.int64)
+    for i, where in enumerate(placements):
+        if where == "on_demand":  # exposure(): all of it (0 for a candidate recomputing nothing)
+            e, ok = a.rec_s, np.ones(len(cands), dtype=bool)
+        elif where == "layer_above":  # exposure(): what the window above does not hide; not for a replay, or nothing
+            e, ok = np.maximum(0.0, a.rec_s - slot.above_s), (a.rec_s != 0) & ~a.replays
+        else:
+            continue  # pooled placements are costed per stage
+        better = ok & (e < best)
+        best = np.where(better, e, best)
+        at = np.where(better, i, at)
+    return Placed(a, placements, at, best)
+
+
+def _options(model: StageModel, slot, placed: Placed, pool_price: float | None = None) -> list[Option]:
     """The candidates at their best placements (`placed`; pooled too, if the regime prices pools), reduced to the
     (memory, exposure) Pareto frontier."""
-    points = []  # (memory, exposure, placement, candidate)
-    for c, at, e in placed:
-        held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
-        points.append((held, e, at, c))
-        if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
-            points.append((held + c.rec_bytes, pool_price * c.rec_s, "pool", c))
+    a = placed.costs
+    n = len(a.cands)
+    held = model.in_flight * a.kept + model.awaiting_w * (a.kept + a.rec_bytes)
+    # points (memory, exposure, placement, candidate): each candidate's, then its pooled one, in that order
+    mem, e, rec_s, cand = held, placed.exposed_s, a.rec_s, np.arange(n)
+    at = placed.at
+    pos = 2 * cand
+    if pool_price is not None:
+        pooled = np.flatnonzero((a.rec_s > 0) & ~a.replays)
+        mem = np.concatenate([held, held[pooled] + a.rec_bytes[pooled]])
+        e = np.concatenate([e, pool_price * a.rec_s[pooled]])
+        rec_s = np.concatenate([rec_s, a.rec_s[pooled]])
+        cand = np.concatenate([cand, pooled])
+        at = np.concatenate([at, np.full(len(pooled), -1, dtype=np.int64)])
+        pos = np.concatenate([pos, 2 * pooled + 1])
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
     # interference) that keeping avoids, so an option exposing as little but recomputing less stays on the frontier.
+    order = np.lexsort((pos, rec_s, e, mem))  # by (memory, exposure, seconds), ties in the points' order
+    e_sorted = e[order]
+    # A point joins the frontier only within 2e-15 of the least exposure before it (the walk's tolerances): the walk
+    # below sees only those (with a wide margin for rounding), the others it would pass over.
+    before = np.concatenate([[np.inf], np.minimum.accumulate(e_sorted)[:-1]])
+    near = order[e_sorted <= before * (1 + 1e-9) + 1e-12]
     frontier: list[Option] = []
-    for mem, e, at, c in sorted(points, key=lambda x: (x[0], x[1], x[3].rec_s)):
-        if not frontier or e < frontier[-1].exposed_s - 1e-15 or (
-                e <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s):
-            frontier.append(Option(c, at, mem, min(e, frontier[-1].exposed_s) if frontier else e))
+    names = placed.placements
+    for m, x, i, w in zip(mem[near].tolist(), e[near].tolist(), cand[near].tolist(), at[near].tolist()):
+        c = a.cands[i]
+        if not frontier or x < frontier[-1].exposed_s - 1e-15 or (
+                x <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s):
+            frontier.append(Option(c, names[w] if w >= 0 else "pool", m, min(x, frontier[-1].exposed_s)
+                                   if frontier else x))
     return frontier
 
 
@@ -296,8 +355,10 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     # dp[r + b]: least exposure of the slots so far within b units of memory; dp[:r] is -1 units (infeasible).
     # float32: it only ranks choices (the estimate is recomputed exactly) and halves the DP's memory traffic.
     dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
-    tables = []  # per slot below the top: each option's exposure per budget, to trace the choice back
-    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+    # per slot below the top: the dp it built on and its transition, to trace the choice back (a table's column is
+    # found again from them: the tables themselves are rows x budgets, too many bytes to keep)
+    steps = []
+    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int], np.ndarray]] = {}
     for j in below:
         key = id(fronts[j])  # slots of one class share a frontier, hence a transition
         if key not in transitions:
@@ -311,12 +372,14 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
                 return None  # no option of this layer fits the stage's whole budget
             starts = r - np.array(list(by_units), dtype=np.int64)  # where the dp entries each option builds on start
             exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()], dtype=np.float32)[:, None]
-            transitions[key] = (starts, exposed, list(by_units.values()))
-        starts, exposed, option = transitions[key]
-        table = sliding_window_view(dp, r)[starts]  # row i: dp[r + b - units_i] for every b (copied whole rows)
+            table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
+            transitions[key] = (starts, exposed, list(by_units.values()), table)
+        starts, exposed, option, table = transitions[key]
+        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure
+        np.take(sliding_window_view(dp, r), starts, axis=0, out=table, mode="clip")
         table += exposed
-        dp[r:] = table.min(axis=0)
-        tables.append((table, option))
+        steps.append((dp, starts, exposed, option))
+        dp = np.concatenate([dp[:r], table.min(axis=0)])
     dp = dp[r:]
     best = None
     for o in fronts[top]:
@@ -331,8 +394,9 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
     chosen[top] = best[1]
     b = best[2]
-    for j, (table, option) in zip(reversed(below), reversed(tables)):
-        o = fronts[j][option[int(table[:, b].argmin())]]
+    for j, (prev, starts, exposed, option) in zip(reversed(below), reversed(steps)):
+        column = prev[starts + b] + exposed[:, 0]  # the table's column b, as the step computed it
+        o = fronts[j][option[int(column.argmin())]]
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
