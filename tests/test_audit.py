@@ -48,6 +48,11 @@ def test_report_flags_beaten_cases(capsys):
             {"case": "b", "heu": {"iteration_time_s": 1.0, "beaten_by": 0.001},
              "opt": {"iteration_time_s": 0.9, "beaten_by": 0.0}, "audit": {"iteration_time_s": 0.999}}]
     assert audit.report(rows, Console(width=200)) == 1  # 1 % > 0.5 %
+    out = " ".join(capsys.readouterr().out.split())  # titles wrap to the table's width
+    assert "audit, heu: 2 cases; beaten in 2, by more than 0.5% in 1" in out
+    assert "audit, opt: 2 cases; beaten in 0" in out
+    assert [r["case"] for r in audit.worst(rows, "heu")] == ["a", "b"]  # worst first
+    assert [r["case"] for r in audit.worst(rows, "heu", 1)] == ["a"]
     rows[0]["heu"]["beaten_by"] = 0.004
     assert audit.report(rows, Console(width=200)) == 0
     assert audit.beaten(rows)[0][:2] == (0.004, "heu")
