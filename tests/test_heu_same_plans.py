@@ -143,3 +143,27 @@ def test_knapsack_traced_from_its_dp_is_the_table_argmin(monkeypatch):
         o = fronts[j][option[int(table[:, b].argmin())]]
         assert got[j] is o
         b -= math.ceil((o.mem - base[j]) / unit)
+
+
+def test_opt_stopped_before_a_plan_says_time_limit(monkeypatch):
+    """A MILP that HiGHS stops at the time limit before it finds any plan proves nothing and returns nothing: OPT
+    returns HEU's plan with status time_limit (not heuristic, as if no MILP had been tried, nor infeasible)."""
+    from types import SimpleNamespace
+
+    from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
+
+    from lynx_planner import solvers
+    from lynx_planner.solvers import milp
+
+    class Stopped:
+        def solve(self, model, **opts):
+            return SimpleNamespace(solution_status=SolutionStatus.noSolution,
+                                   termination_condition=TerminationCondition.maxTimeLimit)
+
+    monkeypatch.setattr(milp, "Highs", Stopped)
+    prof = small_profile(tp=2, pp=2, m=4)
+    limit = between(prof, 0.4)
+    opt = solvers.solve(prof, "opt", limit, time_limit=30)
+    heu = solvers.solve(prof, "heu", limit)
+    assert opt.solver.status == "time_limit" and opt.solver.source == "heu" and opt.solver.bound_s is None
+    assert opt.evaluation.predicted.iteration_time_s == heu.evaluation.predicted.iteration_time_s

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 import pyomo.environ as pyo
-from pyomo.contrib.solver.common.results import SolutionStatus
+from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
 from ..io import raise_if_interrupted
@@ -38,7 +38,7 @@ MIN_SOLVE_S = 0.01  # HiGHS gets at least this long (to return a first incumbent
 @dataclass
 class MilpResult:
     choices: list[list[tuple[Candidate, str]]]  # per stage, per slot
-    status: str  # optimal | feasible | time_limit | infeasible
+    status: str  # optimal | feasible | time_limit (no choices: stopped before a plan) | infeasible
     objective_s: float | None
     bound_s: float | None
     gap: float | None
@@ -174,6 +174,8 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     res = Highs().solve(m, **opts)
     raise_if_interrupted()  # HiGHS swallows a Ctrl-C that lands inside it (io.catch_interrupts records it)
     if res.solution_status not in (SolutionStatus.optimal, SolutionStatus.feasible):
+        if res.termination_condition == TerminationCondition.maxTimeLimit:  # stopped before it found a plan
+            return MilpResult([], "time_limit", None, None, None)
         return MilpResult([], "infeasible", None, None, None)
     res.solution_loader.load_vars()
     choices: list[list[tuple[Candidate, str]]] = [[None] * len(md.slots) for md in models]  # type: ignore[list-item]

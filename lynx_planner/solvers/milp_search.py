@@ -51,7 +51,7 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
                       for s in range(p)]
             ranks = None
         result = milp.solve(profile, models, allowed, objective, left, ranks)
-        if result.status == "infeasible":
+        if result.status == "infeasible" or not result.choices:  # or stopped by the time limit before a plan
             break
         if not any(cut):
             full_budget_bounds.append(result.bound_s)

@@ -10,8 +10,8 @@ faster, or the MILP found none that fits (`source: "heu"`). The solver fields de
 is the least proven lower bound of the modelled iteration time over the splits searched; `gap` is the returned plan's
 simulated time above that bound, relative to the simulated time (so it includes the model's error); `optimal` means
 the returned plan is the MILP's and its modelled time is within HiGHS's relative tolerance (1e-4) of the bound over
-all splits; `time_limit` that some split's MILP was stopped by the time limit; otherwise `feasible`. `--time-limit`
-(default 60 s) bounds the whole search.
+all splits; `time_limit` that some split's MILP was stopped by the time limit (before or after it found a plan, or
+before it started); otherwise `feasible`. `--time-limit` (default 60 s) bounds the whole search.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
             break
         share = left / (len(splits) - i)  # the remaining time, shared by the remaining splits
         got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "iteration", share)
-        if result is None or result.status == "infeasible":
+        if result is None:  # the time ran out before this split's MILP was solved
+            statuses.append("time_limit")
+            continue
+        if result.status == "infeasible":
             continue  # no policies fit this split in the model: it bounds nothing
         statuses.append(result.status)
         bounds_s.append(result.bound_s)
