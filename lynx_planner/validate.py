@@ -11,7 +11,8 @@ critical path) and the one released early, and, from a storage tracker in one ex
 bytes created in the iteration (activations, recomputed tensors and backward's transient gradients) and the most held
 when a backward starts (the kept activations of the micro-batches in flight; predicted: walking the rank's order, the
 kept bytes of the micro-batches in flight plus, with a split backward, the graphs whose W has not run). The predicted
-peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall time between barriers. Predicted backward includes the exposed
+peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients); on an FSDP rank, with
+the tensors FSDP2 makes anew each iteration beside them (fsdp_peak). The iteration time is wall time between barriers. Predicted backward includes the exposed
 recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
 else 1).
 """
@@ -29,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from . import schedules, simulator
+from .parallel import fsdp
 from .io import InputError, find_beside, load_model
 from .schema import Plan, Profile
 
@@ -61,10 +63,12 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     m = par.num_microbatches
     fwd = bwd = 0.0
     split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
-    kept, after_b = {}, {}
+    kept, after_b, peak = {}, {}, plan.predicted.stages[stage].activation_bytes
     for c in schedules.chunks_of(par.pp, par.virtual_stages, stage):
         st = plan.stages[c]
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
+        if par.fsdp:
+            peak = max(peak, fsdp_peak(profile, runs, peak))
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
         bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
         kept[c] = sum(r.kept_bytes for r in runs)
@@ -73,7 +77,23 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     held = held_at_backward(schedules.order(par.schedule, par.pp, par.virtual_stages, stage, m), kept, after_b)
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
-                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=held)
+                      activation_bytes=peak, held_at_backward_bytes=held)
+
+
+def fsdp_peak(profile: Profile, runs, activation_peak: int) -> int:
+    """The live bytes validate's probe sees on an FSDP rank: beside the activations, the tensors FSDP2 makes anew each
+    iteration (all-gather outputs, unsharded gradients, reduce-scatter buffers: fsdp.backward_new_bytes), at each
+    unit's (layer's) backward and reduction. The activations there (one micro-batch in flight): the kept bytes of
+    the units up to it, in its backward also its recomputed tensors and the plan's backward transient (the
+    activation peak less the largest such sum), at its reduction without its own (its backward freed them)."""
+    new = fsdp.backward_new_bytes(profile, [r.index for r in runs])
+    below, base = [], 0
+    for r in runs:
+        below.append(base)
+        base += r.kept_bytes
+    held = [b + r.kept_bytes + r.rec_bytes for b, r in zip(below, runs)]
+    transient = max(0, activation_peak - max(held))
+    return max(max(h + transient + during, b + post) for h, b, (during, post) in zip(held, below, new))
 
 
 def held_at_backward(order, kept: dict[int, int], after_b: dict[int, int]) -> int:
