@@ -44,6 +44,11 @@ class StageTimes:
     compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
     activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
     held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
+    # measured only (the model has no such terms; docs/guide.md "Checking a plan on this machine"): CPU time of the
+    # training thread outside the forward and backward chunks (the schedule's bookkeeping, posting and waiting on
+    # sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's communication)
+    outside_compute_s: float = 0.0
+    comm_threads_s: float = 0.0
 
 
 @dataclass
@@ -242,7 +247,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             times["fwd"] = times["bwd"] = times["wall"] = 0.0
             rec_in_bwd[0] = rec_early[0] = 0.0
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0, p0 = time.perf_counter(), clock(), time.process_time()
             if world == 1:
                 schedule.step(*batch, target=target, losses=[])
             elif rank == 0:
@@ -251,9 +256,11 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                 schedule.step(target=target, losses=[])
             else:
                 schedule.step()
+            cpu, proc = clock() - c0, time.process_time() - p0
             dist.barrier()
             wall = time.perf_counter() - t0
-            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
+            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"],
+                                    outside_compute_s=cpu - times["fwd"] - times["bwd"], comm_threads_s=proc - cpu)
 
         results = measure_jobs(jobs, iteration, warmup, repeats, tracker, held_at_backward)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
@@ -413,7 +420,8 @@ def summary(run_: PlanRun) -> dict:
     for s in range(run_.plan.parallel.pp):  # per rank
         pred = predicted_stage(run_.profile, run_.plan, s)
         meas = {k: _spread([getattr(rep[s], k) for rep in run_.stages])
-                for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s")}
+                for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s",
+                          "outside_compute_s", "comm_threads_s")}
         stages.append({"stage": s, "predicted": pred.__dict__,
                        "measured": {k: v[0] for k, v in meas.items()} | {
                            "activation_bytes": run_.stages[0][s].activation_bytes,
@@ -448,6 +456,9 @@ def table(summaries: list[dict]) -> str:
             lines.append(f"  stage {st['stage']:<37}{'predicted':>10}  {'measured':>10}")
             for label, key, scale, digits in rows:
                 lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
+            # measured only: what the CPU does besides the chunks (not in the model: reading the iteration's gap)
+            lines.append(f"    {'schedule, sends and loss, CPU s':<39}{'-':>10}  {m['outside_compute_s']:>10.4f}")
+            lines.append(f"    {'communication threads, CPU s':<39}{'-':>10}  {m['comm_threads_s']:>10.4f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
