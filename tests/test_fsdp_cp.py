@@ -206,3 +206,30 @@ def test_tune_picks_context_parallelism_where_memory_demands_it():
     best_without = max((r.tokens_per_s_per_gpu for r in result.rows if r.fits and r.layout.cp == 1), default=0.0)
     assert result.top[0].tokens_per_s_per_gpu > best_without
     assert {"cp", "fsdp", "hsdp_shard_size"} <= set(result.top[0].json())
+
+
+def test_fsdp2_copies_on_the_compute_stream_by_hand():
+    """FSDP2 copies on the compute stream, memory-bound at the HBM's achieved bandwidth: a decoder layer's copy-out
+    from the flat all-gather output into its bf16 parameters (read + write 2 bytes each) before its forward and,
+    resharded, again before its backward, and its bf16 gradient's copy into the fp32 reduce-scatter input (2 + 4);
+    they lengthen the layer's compute (the forward's busy seconds) by that much."""
+    from lynx_planner import simulator
+    from lynx_planner.evaluate import none_policy
+
+    _, layer, _, _ = llama3_8b_unit_params()
+    prof = profile_of("llama3-8b", dp=8, fsdp=True, micro_batch_size=2, seq_len=8192)
+    bw = H100.hbm_bytes_per_s * H100.memory_efficiency
+    i = 5  # a decoder layer in the middle
+    assert prof.layers[i].params == layer
+    (w,) = streams.layer_waits(prof, [i], [1.0], [2.0])
+    assert w.fwd_copy == pytest.approx(2 * 2 * layer / bw)
+    assert w.bwd_copy == pytest.approx(2 * 2 * layer / bw + (2 + 4) * layer / bw)
+    plain = profile_of("llama3-8b", dp=8, micro_batch_size=2, seq_len=8192)
+    (with_fsdp,) = simulator.stage_runs(prof, i, i + 1, [none_policy(prof, i)])
+    (without,) = simulator.stage_runs(plain, i, i + 1, [none_policy(plain, i)])
+    busy = lambda segs: sum(segs[0::2])  # noqa: E731
+    assert busy(with_fsdp.fwd) == pytest.approx(busy(without.fwd) + w.fwd_copy)
+    assert busy(with_fsdp.bwd) == pytest.approx(busy(without.bwd) + w.bwd_copy)
+    kept = profile_of("llama3-8b", dp=8, fsdp=True, reshard_after_forward=False, micro_batch_size=2, seq_len=8192)
+    (wk,) = streams.layer_waits(kept, [i], [1.0], [2.0])
+    assert wk.bwd_copy == pytest.approx((2 + 4) * layer / bw)  # kept gathered: no copy-out in backward

@@ -122,6 +122,21 @@ def _units(profile: Profile, layers: list[int], parameters: bool) -> tuple[list[
     return fwd, during, post, held
 
 
+def copies_s(profile: Profile, params: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the copies FSDP2 runs on the compute stream for one unit of `params` per
+    micro-batch, memory-bound (costs.memory_s): after each all-gather, the copy-out from the flat all-gather output
+    into the unsharded parameters (read and write g bytes each: split_with_sizes_copy), in forward and, resharded
+    after forward, again in backward; after the backward, the copy-in of the unsharded gradient into the flat
+    reduce-scatter input (read g, write r: chunk_cat). The copy-in of the local shard before an all-gather (a copy
+    stream on a GPU) and the accumulation into the sharded gradient (the reduce-scatter stream) are left out."""
+    if not profile.parallel.fsdp:
+        return 0.0, 0.0
+    g = gather_bytes(profile)
+    out = costs.memory_s(2 * g * params, profile.hardware)
+    reduce_in = costs.memory_s((g + REDUCE_BYTES) * params, profile.hardware)
+    return out, (out if gathers_in_backward(profile.parallel) else 0.0) + reduce_in
+
+
 def all_gather_s(params: int, par: ParallelConfig, shard_bus: tuple[float, float], nbytes: int = GATHER_BYTES
                  ) -> float:
     """All-gather of one unit's parameters (`nbytes` each: gather_bytes) over its shard group."""
