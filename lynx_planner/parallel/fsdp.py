@@ -32,7 +32,8 @@ probe sees beside the activations).
 Collectives per micro-batch (FSDP2 syncs gradients on every backward unless told not to; torchtitan does not):
 all-gather of each unit's bf16 parameters before its forward and, resharded after forward, again before its
 backward; reduce-scatter of its fp32 gradient after its backward over the shard group, and with HSDP an all-reduce
-of the reduced shard across the replicas (dp / hsdp_shard_size groups).
+of the reduced shard across the replicas (dp / hsdp_shard_size groups). Copies on the compute stream: each
+all-gather's copy-out into the unit's parameters and the gradient's copy into the reduce-scatter input (copies_s).
 """
 
 from __future__ import annotations
