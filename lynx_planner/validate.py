@@ -457,8 +457,10 @@ def table(summaries: list[dict]) -> str:
             for label, key, scale, digits in rows:
                 lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
             # measured only: what the CPU does besides the chunks (not in the model: reading the iteration's gap)
-            lines.append(f"    {'schedule, sends and loss, CPU s':<39}{'-':>10}  {m['outside_compute_s']:>10.4f}")
-            lines.append(f"    {'communication threads, CPU s':<39}{'-':>10}  {m['comm_threads_s']:>10.4f}")
+            for label, key in (("schedule, sends and loss, CPU s", "outside_compute_s"),
+                               ("communication threads, CPU s", "comm_threads_s")):
+                if key in m:  # (summaries written before these were measured have none)
+                    lines.append(f"    {label:<39}{'-':>10}  {m[key]:>10.4f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")
