@@ -228,10 +228,13 @@ def _named(segs: tuple[float, ...], names: tuple[str, ...]) -> tuple[str, ...]:
     return names or (streams.TP,) * (len(segs) // 2)
 
 
-def _waited(segs: tuple[float, ...], names: tuple[str, ...], before: float, after: float
+def _waited(segs: tuple[float, ...], names: tuple[str, ...], before: float, after: float, copy: float = 0.0
             ) -> tuple[tuple[float, ...], tuple[str, ...]]:
-    """segs with a DP-stream wait before (an idle segment after an empty busy one) and after it."""
+    """segs with a DP-stream wait before (an idle segment after an empty busy one) and after it, and `copy` seconds
+    of compute-stream work (FSDP2's copies) added to their first busy segment."""
     names = _named(segs, names)
+    if copy > 0 and segs:
+        segs = (segs[0] + copy,) + segs[1:]
     if before > 0:
         segs, names = (0.0, before) + segs, (streams.DP,) + names
     if after > 0:
@@ -247,9 +250,9 @@ def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[La
         if w == streams.LayerWaits():
             out.append(r)
             continue
-        fwd, fn = _waited(r.fwd, r.fwd_streams, w.fwd_before, 0.0)
-        bwd, bn = _waited(r.bwd, r.bwd_streams, w.bwd_before, w.bwd_after)
-        bi, bin_ = _waited(r.bwd_input, r.bwd_input_streams, w.bwd_before, w.bwd_after)
+        fwd, fn = _waited(r.fwd, r.fwd_streams, w.fwd_before, 0.0, w.fwd_copy)
+        bwd, bn = _waited(r.bwd, r.bwd_streams, w.bwd_before, w.bwd_after, w.bwd_copy)
+        bi, bin_ = _waited(r.bwd_input, r.bwd_input_streams, w.bwd_before, w.bwd_after, w.bwd_copy)
         out.append(replace(r, fwd=fwd, bwd=bwd, bwd_input=bi, fwd_streams=fn, bwd_streams=bn,
                            bwd_input_streams=bin_, rec_beside=w.rec_beside, spans=r.spans + w.spans))
     return out
@@ -261,8 +264,8 @@ def stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[f
     segs = [segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
     waits = streams.layer_waits(profile, list(range(first, end)), [sum(f) for f, _ in segs],
                                 [sum(b) for _, b in segs])
-    return [(_waited(f, (), w.fwd_before, 0.0)[0], _waited(b, (), w.bwd_before, w.bwd_after)[0])
-            for (f, b), w in zip(segs, waits)]
+    return [(_waited(f, (), w.fwd_before, 0.0, w.fwd_copy)[0],
+             _waited(b, (), w.bwd_before, w.bwd_after, w.bwd_copy)[0]) for (f, b), w in zip(segs, waits)]
 
 
 def schedule(kind: str, p: int, s: int, m: int) -> list[tuple[str, int]]:

@@ -148,6 +148,10 @@ class LayerWaits:
     fwd_before: float = 0.0
     bwd_before: float = 0.0
     bwd_after: float = 0.0
+    # compute-stream work FSDP2 adds to the layer (fsdp.copies_s): its all-gather's copy-out before the forward;
+    # in backward the copy-out again and the gradient's copy into the reduce-scatter input
+    fwd_copy: float = 0.0
+    bwd_copy: float = 0.0
     rec_beside: float = 0.0  # on-demand recomputation of the layer that runs beside the DP stream's work: hidden
     spans: tuple[tuple[str, str, str, float, float], ...] = ()  # for the trace: as op_spans, this layer's collectives
 
@@ -186,7 +190,9 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         end = bwd_before + bwd_s[j] + rec[j]
         spans.append((DP, f"reduce-scatter L{layers[j]}", "B", max(end, ag[j - 1] if j > 0 and regather else 0.0),
                       rs[j]))
-        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), min(rec[j], comm), tuple(spans)))
+        fc, bc = fsdp.copies_s(profile, params[j])
+        out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), rec_beside=min(rec[j], comm),
+                              spans=tuple(spans), fwd_copy=fc, bwd_copy=bc))
     return out
 
 

@@ -11,7 +11,8 @@ critical path) and the one released early, and, from a storage tracker in one ex
 bytes created in the iteration (activations, recomputed tensors and backward's transient gradients) and the most held
 when a backward starts (the kept activations of the micro-batches in flight; predicted: walking the rank's order, the
 kept bytes of the micro-batches in flight plus, with a split backward, the graphs whose W has not run). The predicted
-peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients). The iteration time is wall time between barriers. Predicted backward includes the exposed
+peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients); on an FSDP rank, with
+the tensors FSDP2 makes anew each iteration beside them (fsdp_peak). The iteration time is wall time between barriers. Predicted backward includes the exposed
 recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
 else 1).
 """
@@ -29,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from . import schedules, simulator
+from .parallel import fsdp
 from .io import InputError, find_beside, load_model
 from .schema import Plan, Profile
 
@@ -42,6 +44,11 @@ class StageTimes:
     compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
     activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
     held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
+    # measured only (the model has no such terms; docs/guide.md "Checking a plan on this machine"): CPU time of the
+    # training thread outside the forward and backward chunks (the schedule's bookkeeping, posting and waiting on
+    # sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's communication)
+    outside_compute_s: float = 0.0
+    comm_threads_s: float = 0.0
 
 
 @dataclass
@@ -61,10 +68,12 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     m = par.num_microbatches
     fwd = bwd = 0.0
     split = schedules.get(par.schedule).splits_backward  # B and W as the simulator prices them
-    kept, after_b = {}, {}
+    kept, after_b, peak = {}, {}, plan.predicted.stages[stage].activation_bytes
     for c in schedules.chunks_of(par.pp, par.virtual_stages, stage):
         st = plan.stages[c]
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
+        if par.fsdp:
+            peak = max(peak, fsdp_peak(profile, runs, peak))
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
         bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
         kept[c] = sum(r.kept_bytes for r in runs)
@@ -73,7 +82,23 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
     held = held_at_backward(schedules.order(par.schedule, par.pp, par.virtual_stages, stage, m), kept, after_b)
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
-                      activation_bytes=pred.activation_bytes, held_at_backward_bytes=held)
+                      activation_bytes=peak, held_at_backward_bytes=held)
+
+
+def fsdp_peak(profile: Profile, runs, activation_peak: int) -> int:
+    """The live bytes validate's probe sees on an FSDP rank: beside the activations, the tensors FSDP2 makes anew each
+    iteration (all-gather outputs, unsharded gradients, reduce-scatter buffers: fsdp.backward_new_bytes), at each
+    unit's (layer's) backward and reduction. The activations there (one micro-batch in flight): the kept bytes of
+    the units up to it, in its backward also its recomputed tensors and the plan's backward transient (the
+    activation peak less the largest such sum), at its reduction without its own (its backward freed them)."""
+    new = fsdp.backward_new_bytes(profile, [r.index for r in runs])
+    below, base = [], 0
+    for r in runs:
+        below.append(base)
+        base += r.kept_bytes
+    held = [b + r.kept_bytes + r.rec_bytes for b, r in zip(below, runs)]
+    transient = max(0, activation_peak - max(held))
+    return max(max(h + transient + during, b + post) for h, b, (during, post) in zip(held, below, new))
 
 
 def held_at_backward(order, kept: dict[int, int], after_b: dict[int, int]) -> int:
@@ -222,7 +247,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             times["fwd"] = times["bwd"] = times["wall"] = 0.0
             rec_in_bwd[0] = rec_early[0] = 0.0
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0, p0 = time.perf_counter(), clock(), time.process_time()
             if world == 1:
                 schedule.step(*batch, target=target, losses=[])
             elif rank == 0:
@@ -231,9 +256,11 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                 schedule.step(target=target, losses=[])
             else:
                 schedule.step()
+            cpu, proc = clock() - c0, time.process_time() - p0
             dist.barrier()
             wall = time.perf_counter() - t0
-            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"])
+            return wall, StageTimes(times["fwd"], times["bwd"], rec_in_bwd[0], rec_early[0], times["wall"],
+                                    outside_compute_s=cpu - times["fwd"] - times["bwd"], comm_threads_s=proc - cpu)
 
         results = measure_jobs(jobs, iteration, warmup, repeats, tracker, held_at_backward)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
@@ -393,7 +420,8 @@ def summary(run_: PlanRun) -> dict:
     for s in range(run_.plan.parallel.pp):  # per rank
         pred = predicted_stage(run_.profile, run_.plan, s)
         meas = {k: _spread([getattr(rep[s], k) for rep in run_.stages])
-                for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s")}
+                for k in ("forward_s", "backward_s", "recompute_in_backward_s", "recompute_early_s",
+                          "outside_compute_s", "comm_threads_s")}
         stages.append({"stage": s, "predicted": pred.__dict__,
                        "measured": {k: v[0] for k, v in meas.items()} | {
                            "activation_bytes": run_.stages[0][s].activation_bytes,
@@ -428,6 +456,11 @@ def table(summaries: list[dict]) -> str:
             lines.append(f"  stage {st['stage']:<37}{'predicted':>10}  {'measured':>10}")
             for label, key, scale, digits in rows:
                 lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
+            # measured only: what the CPU does besides the chunks (not in the model: reading the iteration's gap)
+            for label, key in (("schedule, sends and loss, CPU s", "outside_compute_s"),
+                               ("communication threads, CPU s", "comm_threads_s")):
+                if key in m:  # (summaries written before these were measured have none)
+                    lines.append(f"    {label:<39}{'-':>10}  {m[key]:>10.4f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")

@@ -96,7 +96,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             fwd = bwd = wall = 0.0
             rec["bwd"] = rec["early"] = 0.0
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c00, p0 = time.perf_counter(), clock(), time.process_time()
             for _ in range(m):
                 c0, w0 = clock(), time.perf_counter()
                 loss = _squares(module(*batch), None)
@@ -109,8 +109,10 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
                 in_backward[0] = False
                 bwd += clock() - c1
                 wall += time.perf_counter() - w0
+            cpu, proc = clock() - c00, time.process_time() - p0
             dist.barrier()
-            return time.perf_counter() - t0, StageTimes(fwd, bwd, rec["bwd"], rec["early"], wall)
+            return time.perf_counter() - t0, StageTimes(fwd, bwd, rec["bwd"], rec["early"], wall,
+                                                        outside_compute_s=cpu - fwd - bwd, comm_threads_s=proc - cpu)
 
         results = measure_jobs(jobs, iteration, warmup, repeats, tracker, held)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))

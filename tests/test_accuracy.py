@@ -263,6 +263,28 @@ def test_megatron_rank_order_and_p2p_link_price_the_stage_transfers():
     assert iteration(sp) == pytest.approx(6 + 2 * 8e9 / 10e9)
 
 
+
+def test_a_model_file_pipeline_sends_over_the_measured_p2p_link():
+    """A model file's profile lays its ranks out as torch.distributed.pipelining does (neighbouring stages 1 rank apart
+    at tp = dp = 1), so a calibrated hardware file's measured point-to-point send prices each activation and
+    gradient transfer, not its all-reduce figures: the send of the example GPT's [2, 64, 128] fp32 boundary tensor
+    (64 KiB) at 1 ms + 64 KiB / 0.5 GB/s."""
+    from lynx_planner.profiler import profile_model_file
+    from lynx_planner.simulator import send_s
+
+    hw = A100.model_copy(update={"device": "cpu", "backend": "gloo", "gpus_per_node": 2,
+                                 "intra_node_bus_bytes_per_s": 1e9, "intra_node_latency_s": 0.25e-3,
+                                 "p2p_bytes_per_s": 0.5e9, "p2p_latency_s": 1e-3})
+    path = str(Path(__file__).parents[1] / "examples" / "gpt_model.py")
+    prof = profile_model_file(path, parallel=ParallelConfig(pp=2), hardware=hw, progress=False)
+    assert prof.parallel.rank_order == "tp-dp-pp"
+    boundary = 2 * 64 * 128 * 4
+    assert send_s(prof, boundary) == pytest.approx(1e-3 + boundary / 0.5e9)
+    # before (no rank order): the collective link spanning the 2 ranks, its all-reduce latency
+    old = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"rank_order": None})})
+    assert send_s(old, boundary) == pytest.approx(0.25e-3 + boundary / 1e9)
+    assert iteration(prof) > iteration(old)
+
 def _blocking(prof: Profile, **kw) -> Profile:
     return prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"overlap_p2p_comm": False, **kw})})
 

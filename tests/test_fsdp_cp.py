@@ -45,14 +45,15 @@ def llama3_8b_unit_params() -> tuple[int, int, int, int]:
 def test_llama3_8b_fsdp8_static_bytes_by_hand():
     """`lynx profile llama3-8b --hardware h100-80g-nvlink --dp 8 --fsdp --micro-batch-size 2 --seq-len 8192`: FSDP2's
     mixed precision keeps the fp32 sharded parameter (the master weight), its fp32 gradient and Adam's m and v: 16
-    bytes per parameter over 8 ranks; at the backward of the output layer it also holds that layer's gathered bf16
-    parameters and the final norm's (prefetched), the output layer's bf16 gradient and its fp32 reduce-scatter
-    input."""
+    bytes per parameter over 8 ranks; at the output layer's reduction (FSDP2's post-backward: its parameters already
+    resharded) it also holds the final norm's prefetched bf16 all-gather output, the output layer's bf16 gradient, its
+    fp32 reduce-scatter input and that collective's fp32 output shard (FSDP2's buffers, parallel/fsdp.py; measured in
+    test_runtime_fsdp.py)."""
     emb, layer, norm, head = llama3_8b_unit_params()
     total = emb + 32 * layer + norm + head
     assert total == 8_030_261_248  # Llama 3 8B
     sharded = 16 * total / 8
-    gathered = 2 * head + 2 * norm + (2 + 4) * head  # the largest unit's backward: the output layer
+    gathered = 2 * norm + (2 + 4) * head + 4 * head / 8  # the largest: the output layer's reduction
     prof = profile_of("llama3-8b", dp=8, fsdp=True, micro_batch_size=2, seq_len=8192)
     got = static_bytes(prof, 0, len(prof.layers))
     assert got == pytest.approx(sharded + gathered, rel=0.05)
@@ -68,9 +69,10 @@ def test_hsdp_and_reshard_after_forward_bytes():
     hsdp = profile_of("llama3-8b", dp=16, fsdp=True, hsdp_shard_size=8, seq_len=2048)
     assert sum(l.static_bytes for l in hsdp.layers) == pytest.approx(16 * total / 8, rel=0.001)  # shards of 8
     kept = profile_of("llama3-8b", dp=8, fsdp=True, reshard_after_forward=False, seq_len=2048)
-    # every unit stays gathered from its forward to its backward, beside the largest unit's gradients
+    # every unit stays gathered from its forward to its backward, beside the largest unit's bf16 gradient and its
+    # fp32 reduce-scatter input and output shard
     transient = static_bytes(kept, 0, len(kept.layers)) - sum(l.static_bytes for l in kept.layers)
-    assert transient == 2 * total + (2 + 4) * head
+    assert transient == 2 * total + (2 + 4) * head + 4 * head // 8
 
 
 def test_cp_divides_activation_bytes_of_a_128k_llama():
@@ -204,3 +206,30 @@ def test_tune_picks_context_parallelism_where_memory_demands_it():
     best_without = max((r.tokens_per_s_per_gpu for r in result.rows if r.fits and r.layout.cp == 1), default=0.0)
     assert result.top[0].tokens_per_s_per_gpu > best_without
     assert {"cp", "fsdp", "hsdp_shard_size"} <= set(result.top[0].json())
+
+
+def test_fsdp2_copies_on_the_compute_stream_by_hand():
+    """FSDP2 copies on the compute stream, memory-bound at the HBM's achieved bandwidth: a decoder layer's copy-out
+    from the flat all-gather output into its bf16 parameters (read + write 2 bytes each) before its forward and,
+    resharded, again before its backward, and its bf16 gradient's copy into the fp32 reduce-scatter input (2 + 4);
+    they lengthen the layer's compute (the forward's busy seconds) by that much."""
+    from lynx_planner import simulator
+    from lynx_planner.evaluate import none_policy
+
+    _, layer, _, _ = llama3_8b_unit_params()
+    prof = profile_of("llama3-8b", dp=8, fsdp=True, micro_batch_size=2, seq_len=8192)
+    bw = H100.hbm_bytes_per_s * H100.memory_efficiency
+    i = 5  # a decoder layer in the middle
+    assert prof.layers[i].params == layer
+    (w,) = streams.layer_waits(prof, [i], [1.0], [2.0])
+    assert w.fwd_copy == pytest.approx(2 * 2 * layer / bw)
+    assert w.bwd_copy == pytest.approx(2 * 2 * layer / bw + (2 + 4) * layer / bw)
+    plain = profile_of("llama3-8b", dp=8, micro_batch_size=2, seq_len=8192)
+    (with_fsdp,) = simulator.stage_runs(prof, i, i + 1, [none_policy(prof, i)])
+    (without,) = simulator.stage_runs(plain, i, i + 1, [none_policy(plain, i)])
+    busy = lambda segs: sum(segs[0::2])  # noqa: E731
+    assert busy(with_fsdp.fwd) == pytest.approx(busy(without.fwd) + w.fwd_copy)
+    assert busy(with_fsdp.bwd) == pytest.approx(busy(without.bwd) + w.bwd_copy)
+    kept = profile_of("llama3-8b", dp=8, fsdp=True, reshard_after_forward=False, micro_batch_size=2, seq_len=8192)
+    (wk,) = streams.layer_waits(kept, [i], [1.0], [2.0])
+    assert wk.bwd_copy == pytest.approx((2 + 4) * layer / bw)  # kept gathered: no copy-out in backward

@@ -105,6 +105,11 @@ def test_validate_report_fits_80_columns(monkeypatch):
     text = table([summary])
     assert_fits_80(text)
     assert "0.1234" in text and "[1.0000-3.0000]" in text
+    measured = figures | {"outside_compute_s": 0.0042, "comm_threads_s": 0.0173}  # the CPU besides the chunks
+    summary["stages"][0]["measured"] = measured
+    text = table([summary])
+    assert_fits_80(text)
+    assert "0.0042" in text and "0.0173" in text
 
 
 def test_percent_never_prints_plus_minus():

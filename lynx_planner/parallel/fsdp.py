@@ -7,18 +7,33 @@ its dp_shard_cp mesh): the fp32 sharded parameter, which is also the optimizer's
 (4), Adam's m and v (8) = 16 / shard. (Megatron's mixed precision keeps a separate bf16 weight as well: 18; FSDP2's
 bf16 copy exists only while a unit is gathered, below.)
 
-Transient bytes (allocated per unit while it runs; counted with the static bytes since one set is alive at any time):
-forward: the unit's gathered bf16 parameters and the next unit's, all-gathered ahead (FSDP2's implicit forward
-prefetch: the copy-in of unit i+1 is issued while unit i computes); backward: the unit's and the next-lower unit's
-(explicit backward prefetch) gathered parameters, the unit's unsharded bf16 gradient and its fp32 copy that the
-reduce-scatter reads (reduce_dtype fp32): 2 + 2 + 2 + 4 bytes per parameter of a unit (a profile in plain fp32:
-4 + 4 + 4, its gradient already fp32). With reshard_after_forward false every gathered unit of the rank stays from
-its forward to its backward: 2 (fp32: 4) bytes per parameter of all of them.
+Transient bytes (allocated per unit while it runs; counted with the static bytes since one set is alive at any time),
+as torch's FSDP2 allocates them (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, _fsdp_param_group.py):
+an all-gather writes into a flat output buffer of the whole unit (all_gather_output), which is copied out into the
+unit's unsharded parameters and then freed; a unit's backward makes autograd's unsharded gradient (the gathered
+dtype), and its post-backward reshards the parameters, copies the gradient into a flat reduce-scatter input of the
+whole unit in reduce_dtype (allocated even where the dtypes match) and frees the gradient. That input is held after
+the collective until the next unit's post-backward (comm_ctx.reduce_scatter_states, one buffer by default), and the
+root frees the last one when the backward ends. So, with g bytes per gathered parameter (bf16 2; a plain fp32
+profile 4) and r = 4 (fp32 reduce):
+  forward of unit i: its parameters and the next unit's all-gather output and copy-out target (the implicit
+  prefetch): g n_i + 2 g n_(i+1);
+  backward of unit i: the unit below's all-gather output (explicit backward prefetch), its own parameters and
+  gradient, beside the unit above's held reduce-scatter input; then, resharded, its gradient (alive until its
+  reduction ends: measured, tests/test_runtime_fsdp.py) beside its own reduce-scatter input and output (the shard,
+  over the S shard ranks): g n_(i-1) + max(2 g n_i + r n_(i+1), g n_i + r n_i + r n_i / S).
+With reshard_after_forward false every unit of the rank stays gathered from its forward to its backward (g per
+parameter of all of them) and no gather runs in backward: g sum(n) + max_i max(g n_i + r n_(i+1),
+g n_i + r n_i + r n_i / S).
+Of these, the unsharded parameters are storages FSDP2 resizes in place (not new tensors); the all-gather outputs,
+gradients and reduce-scatter inputs are new tensors each iteration (`new_storage_bytes`: what validate's live-bytes
+probe sees beside the activations).
 
 Collectives per micro-batch (FSDP2 syncs gradients on every backward unless told not to; torchtitan does not):
 all-gather of each unit's bf16 parameters before its forward and, resharded after forward, again before its
 backward; reduce-scatter of its fp32 gradient after its backward over the shard group, and with HSDP an all-reduce
-of the reduced shard across the replicas (dp / hsdp_shard_size groups).
+of the reduced shard across the replicas (dp / hsdp_shard_size groups). Copies on the compute stream: each
+all-gather's copy-out into the unit's parameters and the gradient's copy into the reduce-scatter input (copies_s).
 """
 
 from __future__ import annotations
@@ -58,31 +73,69 @@ def gather_bytes(profile: Profile) -> int:
     return PARAM_BYTES if profile.dtype == "fp32" and profile.autocast is None else GATHER_BYTES
 
 
-def unsharded_grad_bytes(profile: Profile) -> int:
-    """Bytes per parameter of a unit's gradient before its reduce-scatter: autograd's gradient in the gathered
-    parameters' dtype and, where that is not fp32, FSDP2's fp32 copy for the reduction."""
-    g = gather_bytes(profile)
-    return g + (REDUCE_BYTES if g != REDUCE_BYTES else 0)
-
-
 def transient_bytes(profile: Profile, layers: list[int]) -> int:
-    """Peak of the gathered parameters and unsharded gradients on a rank that holds `layers` (global indices, in
-    order): the largest over its units of the forward's (this unit and the next gathered) and the backward's (this
-    unit and the next lower gathered, this unit's bf16 gradient and fp32 reduce-scatter input); with
-    reshard_after_forward false, all units stay gathered from forward to backward beside the backward's gradients."""
-    par = profile.parallel
-    if not par.fsdp or not layers:
+    """Peak of FSDP2's gathered parameters, all-gather and reduce-scatter buffers and unsharded gradients on a rank
+    that holds `layers` (global indices, in order): the largest over its units' forwards and backwards (module
+    docstring)."""
+    return _peak(profile, layers, parameters=True)
+
+
+def new_storage_bytes(profile: Profile, layers: list[int]) -> int:
+    """The same peak without the unsharded parameters, which FSDP2 re-fills in place: the bytes of new tensors FSDP2
+    makes in an iteration (all-gather outputs, gradients, reduce-scatter inputs), as a live-bytes probe counts them."""
+    return _peak(profile, layers, parameters=False)
+
+
+def backward_new_bytes(profile: Profile, layers: list[int]) -> list[tuple[int, int]]:
+    """Per unit of `layers` (in order), the most bytes of new tensors FSDP2 holds (unsharded parameters excluded: what
+    a live-bytes probe sees beside the activations) during its backward and during its post-backward (reduction)."""
+    if not profile.parallel.fsdp:
+        return [(0, 0)] * len(layers)
+    _, during, post, _ = _units(profile, layers, parameters=False)
+    return list(zip(during, post))
+
+
+def _peak(profile: Profile, layers: list[int], parameters: bool) -> int:
+    if not profile.parallel.fsdp or not layers:
         return 0
+    fwd, during, post, kept = _units(profile, layers, parameters)
+    return kept + max(max(fwd), max(during), max(post))
+
+
+def _units(profile: Profile, layers: list[int], parameters: bool) -> tuple[list[int], list[int], list[int], int]:
+    """Per unit, bytes of FSDP2's transient tensors (module docstring) in its forward, its backward and its
+    post-backward, and the bytes held throughout; `parameters`: with the gathered units' own parameters."""
+    par = profile.parallel
     n = [profile.layers[i].params for i in layers]
-    g, gb = gather_bytes(profile), unsharded_grad_bytes(profile)
-    grads = max(n) * gb
-    if not par.reshard_after_forward:
-        return g * sum(n) + grads
-    nxt = [n[j + 1] if j + 1 < len(n) else 0 for j in range(len(n))]
-    lower = [n[j - 1] if j > 0 else 0 for j in range(len(n))]
-    fwd = max(g * (a + b) for a, b in zip(n, nxt))
-    bwd = max(g * (a + b) + a * gb for a, b in zip(n, lower))
-    return max(fwd, bwd)
+    g, r, s = gather_bytes(profile), REDUCE_BYTES, shard_ranks(par)
+    p = g if parameters else 0  # bytes per parameter of a gathered unit's own parameters
+    above = [n[j + 1] if j + 1 < len(n) else 0 for j in range(len(n))]
+    below = [n[j - 1] if j > 0 else 0 for j in range(len(n))]
+    if par.reshard_after_forward:  # forward: the unit, and the next one's all-gather output and copy-out target
+        held, own, fwd = 0, p, [p * a + (g + p) * up for a, up in zip(n, above)]
+    else:  # every unit stays gathered from its forward to its backward (held); no gather in backward
+        held, own, below, fwd = p * sum(n), 0, [0] * len(n), [0] * len(n)
+    # backward: the unit below's prefetched all-gather output, the unit's parameters and gradient, the unit above's
+    # reduce-scatter input (held until this unit's post-backward)
+    during = [g * low + own * a + g * a + r * up for a, low, up in zip(n, below, above)]
+    # post-backward, resharded: the gradient (alive until the reduction ends), its RS input and output (the shard)
+    post = [g * low + g * a + r * a + r * a // s for a, low in zip(n, below)]
+    return fwd, during, post, held
+
+
+def copies_s(profile: Profile, params: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the copies FSDP2 runs on the compute stream for one unit of `params` per
+    micro-batch, memory-bound (costs.memory_s): after each all-gather, the copy-out from the flat all-gather output
+    into the unsharded parameters (read and write g bytes each: split_with_sizes_copy), in forward and, resharded
+    after forward, again in backward; after the backward, the copy-in of the unsharded gradient into the flat
+    reduce-scatter input (read g, write r: chunk_cat). The copy-in of the local shard before an all-gather (a copy
+    stream on a GPU) and the accumulation into the sharded gradient (the reduce-scatter stream) are left out."""
+    if not profile.parallel.fsdp:
+        return 0.0, 0.0
+    g = gather_bytes(profile)
+    out = costs.memory_s(2 * g * params, profile.hardware)
+    reduce_in = costs.memory_s((g + REDUCE_BYTES) * params, profile.hardware)
+    return out, (out if gathers_in_backward(profile.parallel) else 0.0) + reduce_in
 
 
 def all_gather_s(params: int, par: ParallelConfig, shard_bus: tuple[float, float], nbytes: int = GATHER_BYTES

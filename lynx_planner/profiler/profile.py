@@ -223,7 +223,10 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
             times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
             split = {}
     batch, seq, described = _shapes(inputs)
-    parallel = parallel.model_copy(update={"micro_batch_size": batch, "seq_len": seq})
+    # Neighbouring stages lie tp x dp ranks apart (Megatron's order, torchtitan's mesh: pp outermost), so a pipeline
+    # send runs on the hardware's point-to-point link: a calibrated file's measured gloo/NCCL send, which `lynx
+    # validate`'s stages use (before, model files priced it on the collective link spanning tp x pp ranks)
+    parallel = parallel.model_copy(update={"micro_batch_size": batch, "seq_len": seq, "rank_order": "tp-dp-pp"})
     _check_parallel(path, model, traces, parallel, len(slots))
     blocks = {}
     for name, tr in traces.items():
