@@ -155,12 +155,14 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                        device: str = "cpu", attention: str | None = None, dtype: str | None = None,
                        autocast: str | None = None, overrides: dict | None = None, threads: int | None = None,
                        repeats: int = 5, progress: bool = True,
-                       warn: Callable[[str], None] | None = None, compile: bool = False) -> Profile:
+                       warn: Callable[[str], None] | None = None, compile: bool = False,
+                       compile_backend: str = "inductor") -> Profile:
     """The profile of a model file. `overrides` are the lynx_model() arguments the user asked for (each must be
     accepted; None: `batch_size`/`seq_len` from `parallel`, where accepted); `attention` is one more. `dtype`/`autocast`
     is the training precision (None: the weights as the file builds them, no autocast). `parallel`'s micro-batch and
     sequence are replaced by the example inputs' shapes. `compile` (with 'measure'): each block type as
-    torch.compile runs it (compiled.py: fused times, compiled dropout masks, saved bytes measured). Warnings
+    torch.compile runs it (compiled.py: fused times, compiled dropout masks, saved bytes measured; `compile_backend`: aot_eager
+    for tests and smoke runs without inductor's C++ build). Warnings
     (parameters outside the layers, a large measured spread, compiled saved bytes unlike the prediction) go to `warn` (default: warnings.warn)."""
     _check_args(method, device, attention)
     if compile and method != "measure":
@@ -217,7 +219,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                         group[0].module, group[0].args, group[0].kwargs, runs=repeats, context=context, clock=clock))
                     if compile:
                         times[name], saved[name] = _compiled(group[0], traces[name], times[name], repeats, context,
-                                                             clock)
+                                                             clock, compile_backend)
                     if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
                         per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
                         split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],
@@ -265,12 +267,12 @@ def group_input(slot: LayerSlot) -> torch.Tensor | None:
     return split_arguments(slot.args, slot.kwargs or {})[0]
 
 
-def _compiled(slot: LayerSlot, traced: BlockTrace, times, repeats: int, context, clock):
+def _compiled(slot: LayerSlot, traced: BlockTrace, times, repeats: int, context, clock, backend: str):
     """A block type's times as torch.compile runs it, and the bytes its compiled graph saves (profiler/compiled.py)."""
     ops = [op.id for op in traced.ops]
     torch._dynamo.reset()  # each block type compiled afresh (no recompilation limit across types)
     fwd, bwd, saved = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, ops, runs=repeats,
-                                             context=context, clock=clock)
+                                             context=context, clock=clock, backend=backend)
     extern = {op.id for op in traced.ops if op.fwd.gemm_flops + op.fwd.attention_flops > 0}
     return compiled_block.fused_times(times, extern, (fwd, bwd)), saved
 
