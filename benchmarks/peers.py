@@ -131,6 +131,10 @@ def kept_bytes(model: nn.Module, tokens: torch.Tensor, eager: bool) -> int:
     return held
 
 
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def timed(model: nn.Module, tokens: torch.Tensor) -> float:
     t0 = time.thread_time()
     step(model, tokens)
@@ -177,6 +181,14 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    load = os.getloadavg()
+    rows, ilp = run(args)
+    print(table(rows, args, load, os.getloadavg(), ilp))
+    return 0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--layers", type=int, default=8)
@@ -185,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", type=int, default=3, choices=(1, 2, 3))
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no C++ build)")
     ap.add_argument("--repeats", type=int, default=5, help="profile: timed runs per block type")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> tuple[list, str]:
+    """Each budget's (fraction, memory limit, peers with their kept bytes and step times), and what became of the
+    SAC ILP."""
     torch.set_num_threads(1)
     load = os.getloadavg()
     overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
@@ -208,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         ilp = f"not run ({e.msg if hasattr(e, 'msg') else e})"
     rows = []
+    progress(f"profiled; peaks of full and no recomputation {peaks[0]:,} B, {peaks[1]:,} B")
     for fraction in fractions:
         limit = int(peaks[0] + fraction * (peaks[1] - peaks[0]))
         plans = {c: solvers.plan(profiles[c], "p.json", "0" * 64, "heu", limit, compiled=c) for c in (False, True)}
@@ -224,14 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         blocks = [("full",) * k + ("none",) * (n - k) for k in range(n + 1)]
         tiers, model, kept = least_at_or_above(blocks, lambda t: build(base, args.backend, tiers=t), ref.kept)
         peers.append(Peer("block", describe(tiers), model, kept))
+        progress(f"budget {fraction:.2f}: " + ", ".join(f"{p.name} {p.knob} keeps {p.kept:,} B" for p in peers))
         for p in peers:  # warm: every graph compiled, caches filled
             step(p.model, inputs[0])
         for k in range(args.rounds):
             for p in peers[k % len(peers):] + peers[:k % len(peers)]:
                 p.times.append(timed(p.model, inputs[0]))
         rows.append((fraction, limit, peers))
-    print(table(rows, args, load, os.getloadavg(), ilp))
-    return 0
+        progress(table(rows[-1:], args, load, os.getloadavg(), ilp))
+    return rows, ilp
 
 
 example: list[torch.Tensor] = []

@@ -72,7 +72,8 @@ def with_bool_masks(block: Block, itemsize: int) -> Block:
 
 def saved_bytes(out: object, ignore: list[torch.Tensor]) -> int:
     """Bytes of the storages the autograd graph behind `out` holds for backward (a compiled graph's saved tensors are
-    its CompiledFunctionBackward's), `ignore`'s storages excluded."""
+    its CompiledFunctionBackward's; eager nodes' too), `ignore`'s storages excluded. Reading a saved tensor unpacks
+    it: not for graphs under saved-tensor hooks that recompute on unpacking (lynx's eager runtime)."""
     skip = {t.untyped_storage()._cdata for t in ignore}
     counted: dict[int, int] = {}
     todo, done = [t.grad_fn for t in tensors_in(out) if t.grad_fn is not None], set()
@@ -81,11 +82,22 @@ def saved_bytes(out: object, ignore: list[torch.Tensor]) -> int:
         if node is None or node in done:
             continue
         done.add(node)
-        for t in getattr(node, "saved_tensors", None) or ():
+        for t in _saved_by(node):
             if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in skip:
                 counted[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
         todo.extend(f for f, _ in node.next_functions)
     return sum(counted.values())
+
+
+def _saved_by(node: object) -> list:
+    """The tensors an autograd node saved: a custom or compiled function's `saved_tensors`, an eager node's
+    `_saved_<name>` attributes."""
+    saved = list(getattr(node, "saved_tensors", None) or ())
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            value = getattr(node, name)
+            saved += list(value) if isinstance(value, (tuple, list)) else [value]
+    return saved
 
 
 def keep_all(module: nn.Module, ops: list[str], backend: str = "inductor") -> Callable:
