@@ -382,8 +382,7 @@ def tune_cmd(
     """Search parallel layouts and recomputation together: the best launch configurations of MODEL on GPUS GPUs."""
     tune.run(model, global_batch, hardware, gpus, seq_len, memory_limit, time_limit, top, ep, distributed_optimizer,
              as_json, out_dir, plot, schedule, virtual_stages, fsdp=fsdp, reshard_after_forward=reshard_after_forward,
-             hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8,
-                compile=compile_)
+             hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8)
 
 
 @command("export")
