@@ -76,7 +76,8 @@ def torchtitan_wrappers() -> dict:
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     sac, full = SelectiveAC(SelectiveAC.Config()), FullAC(FullAC.Config())
-    return {"sac": lambda m, fqn: sac._wrap_block(m, base_fqn=fqn), "full": lambda m, fqn: full._wrap_block(m, base_fqn=fqn)}
+    return {"sac": lambda m, fqn: sac._wrap_block(m, base_fqn=fqn),
+            "full": lambda m, fqn: full._wrap_block(m, base_fqn=fqn)}
 
 
 @dataclass

@@ -25,12 +25,12 @@ from .. import schedules as lynx_schedules
 from ..analytic import bytes_per_param
 from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
+from . import compiled as compiled_block
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
 from .recorder import is_attention_kernel, op_clock, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
 from .timing import analytic_times, measure_block, measure_split, measure_spread, scaled_to_block
-from . import compiled as compiled_block
 from .tracing import CORE_ATTN, BlockTrace, op_ids, split_arguments, to_block, trace
 
 METHODS = ("analytic", "measure")
@@ -160,10 +160,10 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     """The profile of a model file. `overrides` are the lynx_model() arguments the user asked for (each must be
     accepted; None: `batch_size`/`seq_len` from `parallel`, where accepted); `attention` is one more. `dtype`/`autocast`
     is the training precision (None: the weights as the file builds them, no autocast). `parallel`'s micro-batch and
-    sequence are replaced by the example inputs' shapes. `compile` (with 'measure'): each block type as
-    torch.compile runs it (compiled.py: fused times, compiled dropout masks, saved bytes measured; `compile_backend`: aot_eager
-    for tests and smoke runs without inductor's C++ build). Warnings
-    (parameters outside the layers, a large measured spread, compiled saved bytes unlike the prediction) go to `warn` (default: warnings.warn)."""
+    sequence are replaced by the example inputs' shapes. `compile` (with 'measure'): each block type as torch.compile
+    runs it (compiled.py: fused times, compiled dropout masks, saved bytes measured; `compile_backend` aot_eager for
+    tests and smoke runs without inductor's C++ build). Warnings (parameters outside the layers, a large measured
+    spread, compiled saved bytes other than predicted) go to `warn` (default: warnings.warn)."""
     _check_args(method, device, attention)
     if compile and method != "measure":
         raise InputError("--compile measures the compiled blocks: use it with --method measure")
@@ -240,7 +240,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         if split.get(name) is not None:
             blocks[name] = blocks[name].model_copy(update={"split_backward": round(split[name], 4)})
         if name in saved:
-            blocks[name] = _check_saved(path, blocks[name], group_input(groups[name][0]),
+            blocks[name] = _check_saved(path, blocks[name], _block_input(groups[name][0]),
                                         saved[name] if parallel.tp == 1 else None, warn)
         _check_plannable(blocks[name])
     seen: set[int] = set()
@@ -263,7 +263,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                    dtype=model_dtype(model), autocast=autocast, compiled=compile)
 
 
-def group_input(slot: LayerSlot) -> torch.Tensor | None:
+def _block_input(slot: LayerSlot) -> torch.Tensor | None:
     return split_arguments(slot.args, slot.kwargs or {})[0]
 
 
