@@ -54,10 +54,13 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
                   dropout: float = 0.0, method: str = "analytic", device: str = "cpu", dtype: str | None = None,
                   autocast: str | None = None, overrides: dict | None = None, threads: int | None = None,
                   repeats: int = 5, progress: bool = False, warn: Callable[[str], None] | None = None,
-                  kernels: str = "hf", fp8: bool = False) -> Profile:
+                  kernels: str = "hf", fp8: bool = False, compile: bool = False) -> Profile:
     """The profile of a catalog model (analytic, bf16) or a model file (real forwards in the training precision; see
     profiler.profile_model_file for `overrides`, `dtype`, `autocast`). Raises InputError for bad input; a model
-    file's own exceptions propagate (the CLI reports them)."""
+    file's own exceptions propagate (the CLI reports them). `compile`: a model file's blocks measured compiled."""
+    if compile and not is_model_file(model):
+        raise InputError(f"--compile: {model!r} is a model description; compiled blocks are measured, which needs a "
+                         "model file (MODEL.py) to run")
     if is_model_file(model):
         if kernels != "hf" or fp8:
             raise InputError(f"{'--kernels' if kernels != 'hf' else '--fp8'}: a model file is profiled as it runs; "
@@ -73,7 +76,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
             raise InputError(f"{model}: profiling model files is not available in this installation ({e})") from None
         return profile_model_file(model, parallel=par, hardware=hw, method=method, device=device,
                                   attention=attention, overrides=overrides, dtype=dtype, autocast=autocast,
-                                  threads=threads, repeats=repeats, progress=progress, warn=warn)
+                                  threads=threads, repeats=repeats, progress=progress, warn=warn, compile=compile)
     from pydantic import ValidationError
 
     from .analytic import profile

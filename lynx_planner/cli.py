@@ -171,12 +171,17 @@ def profile_cmd(
     fp8: Annotated[bool, typer.Option(
         "--fp8", help="With --kernels te: Transformer Engine's fp8 linear layers (their saved inputs in fp8).")]
     = False,
+    compile_: Annotated[bool, typer.Option(
+        "--compile", help="With --method measure: time each block type as torch.compile (inductor) runs it (fused "
+        "elementwise ops) and measure what its compiled graph saves; plans of the profile are for compiled training.")]
+    = False,
 ) -> None:
     """Write the profile of MODEL in one parallel setup on one kind of hardware: op graph, times, sizes."""
     profile.run(model, output, hardware, tp, pp, dp, micro_batch_size, seq_len, num_microbatches, sequence_parallel,
                 ep, attention, dropout, method, device, dtype, autocast, threads, repeats, schedule, virtual_stages,
                 distributed_optimizer, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, overlap_p2p_comm,
-                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8)
+                fsdp=fsdp, reshard_after_forward=reshard_after_forward, hsdp_shard_size=hsdp_shard_size, cp=cp, kernels=kernels, fp8=fp8,
+                compile=compile_)
 
 
 @command("plan")

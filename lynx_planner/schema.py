@@ -319,6 +319,9 @@ class Profile(_Model):
                              "Engine; torchtitan: torchtitan's Llama 3 block, eager")
     fp8: bool = Field(False, exclude_if=lambda v: v is False,
                       description="Transformer Engine's fp8 linear layers (their saved inputs in fp8)")
+    compiled: bool = Field(False, exclude_if=lambda v: v is False,
+                           description="blocks measured as torch.compile runs them (lynx profile --compile): fused "
+                           "times, compiled dropout masks")
 
     @model_validator(mode="after")
     def _check_layers(self) -> Profile:

@@ -23,7 +23,7 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
         distributed_optimizer: bool, overlap_grad_reduce: bool, overlap_param_gather: bool,
         tp_comm_overlap: bool, overlap_p2p_comm: bool, fsdp: bool = False, reshard_after_forward: bool = True,
         hsdp_shard_size: int | None = None, cp: int = 1, kernels=None,
-        fp8: bool = False) -> None:
+        fp8: bool = False, compile: bool = False) -> None:
     check_output(output, "-o", (model, hardware))
     if not 0.0 <= dropout < 1.0:
         raise InputError(f"--dropout: {dropout} is not in [0, 1)")
@@ -54,7 +54,7 @@ def run(model: str, output: Path, hardware: str, tp: int, pp: int, dp: int, micr
                               dtype=dtype.value if dtype else None, autocast=autocast.value if autocast else None,
                               threads=threads, repeats=repeats or 5, progress=True,
                               warn=lambda message: err.print(f"warning: {message}"),
-                              kernels=kernels.value if kernels else "hf", fp8=fp8)
+                              kernels=kernels.value if kernels else "hf", fp8=fp8, compile=compile)
     write_atomic(output, dumps(profile))
     summary(profile, output)
 
@@ -101,7 +101,8 @@ def summary(profile: Profile, path: Path) -> None:
               f"micro-batch {par.micro_batch_size} x {par.num_microbatches}, {shapes}, {par.schedule}"
               f"{f' x {par.virtual_stages} virtual stages' if par.virtual_stages > 1 else ''}, "
               f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}"
-              + (f", {profile.kernels} kernels" if profile.kernels != "hf" else "") + (", fp8" if profile.fp8 else ""))
+              + (f", {profile.kernels} kernels" if profile.kernels != "hf" else "") + (", fp8" if profile.fp8 else "")
+              + (", compiled (torch.compile, inductor)" if profile.compiled else ""))
     try:
         from ..parallel import fsdp
         from ..tune import max_static_bytes

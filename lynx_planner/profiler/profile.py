@@ -25,12 +25,13 @@ from .. import schedules as lynx_schedules
 from ..analytic import bytes_per_param
 from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
+from . import compiled as compiled_block
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
 from .recorder import is_attention_kernel, op_clock, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
 from .timing import analytic_times, measure_block, measure_split, measure_spread, scaled_to_block
-from .tracing import CORE_ATTN, BlockTrace, op_ids, to_block, trace
+from .tracing import CORE_ATTN, BlockTrace, op_ids, split_arguments, to_block, trace
 
 METHODS = ("analytic", "measure")
 DEVICES = ("cpu", "cuda")
@@ -154,13 +155,18 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                        device: str = "cpu", attention: str | None = None, dtype: str | None = None,
                        autocast: str | None = None, overrides: dict | None = None, threads: int | None = None,
                        repeats: int = 5, progress: bool = True,
-                       warn: Callable[[str], None] | None = None) -> Profile:
+                       warn: Callable[[str], None] | None = None, compile: bool = False,
+                       compile_backend: str = "inductor") -> Profile:
     """The profile of a model file. `overrides` are the lynx_model() arguments the user asked for (each must be
     accepted; None: `batch_size`/`seq_len` from `parallel`, where accepted); `attention` is one more. `dtype`/`autocast`
     is the training precision (None: the weights as the file builds them, no autocast). `parallel`'s micro-batch and
-    sequence are replaced by the example inputs' shapes. Warnings (parameters outside the layers, a large measured
-    spread) go to `warn` (default: warnings.warn)."""
+    sequence are replaced by the example inputs' shapes. `compile` (with 'measure'): each block type as torch.compile
+    runs it (compiled.py: fused times, compiled dropout masks, saved bytes measured; `compile_backend` aot_eager for
+    tests and smoke runs without inductor's C++ build). Warnings (parameters outside the layers, a large measured
+    spread, compiled saved bytes other than predicted) go to `warn` (default: warnings.warn)."""
     _check_args(method, device, attention)
+    if compile and method != "measure":
+        raise InputError("--compile measures the compiled blocks: use it with --method measure")
     warn = warn or (lambda message: warnings.warn(message, stacklevel=2))
     precision = Precision(dtype, autocast)
     strict = tuple(overrides or ())
@@ -199,7 +205,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                 bar.advance(task)
         spread = 0.0
         if method == "measure":
-            times, spreads, split = {}, {}, {}
+            times, spreads, split, saved = {}, {}, {}, {}
             with _threads(threads):
                 for name, group in groups.items():
                     t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
@@ -211,6 +217,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                     clock = op_clock(torch.device(device).type == "cuda", torch.get_num_threads())
                     times[name] = scaled_to_block(times[name], measure_block(
                         group[0].module, group[0].args, group[0].kwargs, runs=repeats, context=context, clock=clock))
+                    if compile:
+                        times[name], saved[name] = _compiled(group[0], traces[name], times[name], repeats, context,
+                                                             clock, compile_backend)
                     if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
                         per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
                         split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],
@@ -221,7 +230,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
             spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
         else:
             times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
-            split = {}
+            split, saved = {}, {}
     batch, seq, described = _shapes(inputs)
     # Neighbouring stages lie tp x dp ranks apart (Megatron's order, torchtitan's mesh: pp outermost), so a pipeline
     # send runs on the hardware's point-to-point link: a calibrated file's measured gloo/NCCL send, which `lynx
@@ -233,6 +242,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         blocks[name] = tensor_parallel.shard(to_block(name, tr, times[name]), tr, parallel, hardware)
         if split.get(name) is not None:
             blocks[name] = blocks[name].model_copy(update={"split_backward": round(split[name], 4)})
+        if name in saved:
+            blocks[name] = _check_saved(path, blocks[name], _block_input(groups[name][0]),
+                                        saved[name] if parallel.tp == 1 else None, warn)
         _check_plannable(blocks[name])
     seen: set[int] = set()
     bpp = bytes_per_param(parallel)
@@ -251,7 +263,33 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                  "--repeats; the times are medians")
     return Profile(model=_model_info(path, model, groups, extra), parallel=parallel, hardware=hardware, method=method,
                    attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers,
-                   dtype=model_dtype(model), autocast=autocast)
+                   dtype=model_dtype(model), autocast=autocast, compiled=compile)
+
+
+def _block_input(slot: LayerSlot) -> torch.Tensor | None:
+    return split_arguments(slot.args, slot.kwargs or {})[0]
+
+
+def _compiled(slot: LayerSlot, traced: BlockTrace, times, repeats: int, context, clock, backend: str):
+    """A block type's times as torch.compile runs it, and the bytes its compiled graph saves (profiler/compiled.py)."""
+    ops = [op.id for op in traced.ops]
+    torch._dynamo.reset()  # each block type compiled afresh (no recompilation limit across types)
+    fwd, bwd, saved = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, ops, runs=repeats,
+                                             context=context, clock=clock, backend=backend)
+    extern = {op.id for op in traced.ops if op.fwd.gemm_flops + op.fwd.attention_flops > 0}
+    return compiled_block.fused_times(times, extern, (fwd, bwd)), saved
+
+
+def _check_saved(path: str, block: Block, first: torch.Tensor | None, measured: int | None, warn) -> Block:
+    """The block with compiled dropout masks; a warning where the compiled graph saves other bytes than predicted
+    for a plan that recomputes nothing (None: not comparable, the measured module is unsharded under --tp)."""
+    block = compiled_block.with_bool_masks(block, first.element_size() if first is not None else 4)
+    info = policy.analyse(block)
+    predicted = policy.cost(info, policy.none_keep(info), ()).kept_bytes - block.input_bytes
+    if measured is not None and predicted != measured:
+        warn(f"{path}: block {block.name!r} compiled saves {measured:,} B for backward, the profile predicts "
+             f"{predicted:,} B: plans of it keep other bytes than predicted")
+    return block
 
 
 @contextlib.contextmanager

@@ -128,6 +128,7 @@ def _bound(used: dict) -> CandidateBound | None:
 def plan(profile: Profile, profile_path: str, profile_sha256: str, algo: str, memory_limit: int,
          time_limit: float | None = None, partition: str | None = None, compiled: bool = False,
          offload_modules: tuple[str, ...] | None = None) -> Plan:
+    compiled = compiled or profile.compiled  # a profile of compiled blocks is planned for compiled training
     solved = solve(profile, algo, memory_limit, time_limit, partition, compiled, offload_modules)
     made = make_plan(profile, profile_path, profile_sha256, algo, memory_limit, solved.stages, solved.solver,
                      solved.evaluation)

@@ -1,0 +1,287 @@
+"""lynx against its peers on a real CPU training step, matched on measured kept bytes.
+
+    python benchmarks/peers.py [--rounds 15] [--layers 8] [--hidden 256] [--seq-len 256] [--budgets 3]
+                               [--backend inductor] [--repeats 5]
+
+The model is benchmarks/peers_llama.py: a Hugging Face Llama (8 layers, GQA with 8 query and 2 key/value heads,
+SwiGLU), fp32, one thread, a training step of forward, the logits' sum and backward. Peers, each on its own copy of
+the same weights, every decoder layer compiled on its own (as torchtitan compiles) except lynx eager's:
+
+  lynx-eager     HEU's plan of the eager profile (`lynx profile --method measure`), applied eagerly
+  lynx-compiled  HEU's plan of the compiled profile (`lynx profile --method measure --compile`), applied compiled
+  budget         torch.compile's own partitioner at `torch._functorch.config.activation_memory_budget` = r
+  sac-torchtitan torchtitan's SelectiveAC (its op save list, every second mm recomputed) on some layers, FullAC or
+                 nothing on the others
+  block          torchtitan's FullAC (checkpoint the whole block) on some layers, nothing on the others
+  sac-ilp        PyTorch's SAC ILP (torch.distributed._tools.sac_ilp): needs PuLP; reported as not run without it
+
+Budgets: lynx plans at `--budgets` memory limits evenly between the profile's peaks of full and of no recomputation.
+Kept bytes are measured on the real step: the storages the autograd graph behind the logits saves (parameters and
+the tokens excluded) for the compiled peers, the storages the forward creates and leaves alive, logits excluded
+(profiler.memory.LiveBytes), for lynx eager, whose saved tensors its hooks stand in for. Each peer's knob (r, the
+number of layers under each policy) is the one with the fewest kept bytes at or above lynx-compiled's at that budget:
+each peer holds at least lynx's memory, never less. Then `--rounds` interleaved rounds (the peers' order rotated each
+round) time one step of each in this thread's CPU time; each peer's time is divided by lynx-compiled's of the same
+round, and the table gives those paired ratios' median and spread (25th-75th percentile), with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from lynx_planner import apply_plan, solvers  # noqa: E402
+from lynx_planner.models.hardware import HARDWARE  # noqa: E402
+from lynx_planner.profiler import profile_model_file  # noqa: E402
+from lynx_planner.profiler.compiled import saved_bytes  # noqa: E402
+from lynx_planner.profiler.memory import LiveBytes  # noqa: E402
+from lynx_planner.schema import ParallelConfig  # noqa: E402
+
+MODEL = str(HERE / "peers_llama.py")
+REFERENCE = "lynx-compiled"
+
+
+class Compiled(nn.Module):
+    """A layer compiled on its own, through a function of its own: every peer's layers get their own dynamo cache
+    (the partitioner's budget and the checkpoint policies are read when a graph is compiled, and a cache shared with
+    another peer's layers would hand it their graphs)."""
+
+    def __init__(self, layer: nn.Module, backend: str):
+        super().__init__()
+        self.layer = layer
+        scope: dict = {}
+        exec("def run(*args, **kwargs):\n    return layer(*args, **kwargs)\n", {"layer": layer}, scope)
+        self._run = torch.compile(scope["run"], backend=backend)
+
+    def forward(self, *args, **kwargs):
+        return self._run(*args, **kwargs)
+
+
+def torchtitan_wrappers() -> dict:
+    """torchtitan's own block wrappers: SelectiveAC (its per-op policy) and FullAC."""
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    sac, full = SelectiveAC(SelectiveAC.Config()), FullAC(FullAC.Config())
+    return {"sac": lambda m, fqn: sac._wrap_block(m, base_fqn=fqn),
+            "full": lambda m, fqn: full._wrap_block(m, base_fqn=fqn)}
+
+
+@dataclass
+class Peer:
+    name: str
+    knob: str
+    model: nn.Module
+    kept: int
+    eager: bool = False
+    times: list[float] = field(default_factory=list)
+
+
+def build(base: nn.Module, backend: str, *, plan=None, compiled: bool = True, budget: float | None = None,
+          tiers: tuple[str, ...] = ()) -> nn.Module:
+    """A copy of `base`: the plan applied, or each layer wrapped by its tier ('none', 'sac', 'full'); compiled layer by
+    layer, under the partitioner's budget when given (read when the graphs compile: at the first step, run here)."""
+    model = copy.deepcopy(base).train()
+    layers = model.model.layers
+    if plan is not None:
+        apply_plan(model, plan)
+    wrap = torchtitan_wrappers() if tiers else {}
+    for i, layer in enumerate(layers):
+        tier = tiers[i] if tiers else "none"
+        if tier != "none":
+            layer = wrap[tier](layer, f"layers.{i}")
+        layers[i] = Compiled(layer, backend) if compiled else layer
+    if compiled:
+        with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget):
+            step(model, example[0])
+    return model
+
+
+def step(model: nn.Module, tokens: torch.Tensor) -> None:
+    model(tokens).logits.float().sum().backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def kept_bytes(model: nn.Module, tokens: torch.Tensor, eager: bool) -> int:
+    """Bytes the forward keeps for backward, measured (see the module's docstring)."""
+    params = list(model.parameters())
+    if eager:
+        with LiveBytes(ignore=[*params, tokens]) as probe:
+            logits = model(tokens).logits
+        held = probe.live - probe.bytes_of([logits])
+    else:
+        logits = model(tokens).logits
+        held = saved_bytes(logits, [*params, tokens])
+    logits.float().sum().backward()
+    for p in params:
+        p.grad = None
+    return held
+
+
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def timed(model: nn.Module, tokens: torch.Tensor) -> float:
+    t0 = time.thread_time()
+    step(model, tokens)
+    return time.thread_time() - t0
+
+
+def least_at_or_above(options: list, make, target: int) -> tuple[object, nn.Module, int]:
+    """The option of fewest kept bytes at or above `target` (the peer holds at least lynx's memory); `options` run
+    from most to fewest kept bytes (binary search: kept bytes fall along them)."""
+    lo, hi, best = 0, len(options) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        model = make(options[mid])
+        kept = kept_bytes(model, example[0], eager=False)
+        if kept >= target:
+            best, lo = (options[mid], model, kept), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:  # even the first option keeps less: report it as it is
+        model = make(options[0])
+        best = (options[0], model, kept_bytes(model, example[0], eager=False))
+    return best
+
+
+def tier_options(n: int) -> list[tuple[str, ...]]:
+    """SAC on k layers (nothing on the rest), then full on k layers (SAC on the rest): most to fewest kept bytes."""
+    return ([("sac",) * k + ("none",) * (n - k) for k in range(n + 1)]
+            + [("full",) * k + ("sac",) * (n - k) for k in range(1, n + 1)])
+
+
+def describe(tiers: tuple[str, ...]) -> str:
+    return ", ".join(f"{tiers.count(t)} {t}" for t in ("full", "sac", "none") if tiers.count(t))
+
+
+def ratios(peer: Peer, ref: Peer) -> list[float]:
+    return [a / b for a, b in zip(peer.times, ref.times)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, statistics.median(values), q3
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    load = os.getloadavg()
+    rows, ilp = run(args)
+    print(table(rows, args, load, os.getloadavg(), ilp))
+    return 0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--budgets", type=int, default=3, choices=(1, 2, 3))
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: no C++ build)")
+    ap.add_argument("--repeats", type=int, default=5, help="profile: timed runs per block type")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> tuple[list, str]:
+    """Each budget's (fraction, memory limit, peers with their kept bytes and step times), and what became of the
+    SAC ILP."""
+    torch.set_num_threads(1)
+    load = os.getloadavg()
+    overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
+    profiles = {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],
+                                      method="measure", threads=1, repeats=args.repeats, overrides=overrides,
+                                      progress=False, warn=lambda m: print(f"warning: {m}"), compile=c,
+                                      compile_backend=args.backend)
+                for c in (False, True)}
+    from peers_llama import lynx_model
+
+    base, inputs = lynx_model(**{"seq_len": args.seq_len, "hidden": args.hidden, "layers": args.layers})
+    example[:] = inputs
+    n = args.layers
+    peaks = [solvers.plan(profiles[False], "p.json", "0" * 64, a, 1 << 62).predicted.stages[0].peak_memory_bytes
+             for a in ("full", "none")]
+    fractions = [(i + 1) / (args.budgets + 1) for i in range(args.budgets)]
+    try:
+        importlib.import_module("torch.distributed._tools.sac_ilp")
+        ilp = "available but not wired: it plans for a GPU memory tracker"
+    except ImportError as e:
+        ilp = f"not run ({e.msg if hasattr(e, 'msg') else e})"
+    rows = []
+    progress(f"profiled; peaks of full and no recomputation {peaks[0]:,} B, {peaks[1]:,} B")
+    for fraction in fractions:
+        limit = int(peaks[0] + fraction * (peaks[1] - peaks[0]))
+        plans = {c: solvers.plan(profiles[c], "p.json", "0" * 64, "heu", limit, compiled=c) for c in (False, True)}
+        ref_model = build(base, args.backend, plan=plans[True])
+        ref = Peer(REFERENCE, "HEU, compiled profile", ref_model, kept_bytes(ref_model, inputs[0], eager=False))
+        eager_model = build(base, args.backend, plan=plans[False], compiled=False)
+        peers = [ref, Peer("lynx-eager", "HEU, eager profile", eager_model,
+                           kept_bytes(eager_model, inputs[0], eager=True), eager=True)]
+        budgets = [round(1 - i / 20, 2) for i in range(21)]
+        r, model, kept = least_at_or_above(budgets, lambda b: build(base, args.backend, budget=b), ref.kept)
+        peers.append(Peer("budget", f"activation_memory_budget={r}", model, kept))
+        tiers, model, kept = least_at_or_above(tier_options(n), lambda t: build(base, args.backend, tiers=t), ref.kept)
+        peers.append(Peer("sac-torchtitan", describe(tiers), model, kept))
+        blocks = [("full",) * k + ("none",) * (n - k) for k in range(n + 1)]
+        tiers, model, kept = least_at_or_above(blocks, lambda t: build(base, args.backend, tiers=t), ref.kept)
+        peers.append(Peer("block", describe(tiers), model, kept))
+        progress(f"budget {fraction:.2f}: " + ", ".join(f"{p.name} {p.knob} keeps {p.kept:,} B" for p in peers))
+        for p in peers:  # warm: every graph compiled, caches filled
+            step(p.model, inputs[0])
+        for k in range(args.rounds):
+            for p in peers[k % len(peers):] + peers[:k % len(peers)]:
+                p.times.append(timed(p.model, inputs[0]))
+        rows.append((fraction, limit, peers))
+        progress(table(rows[-1:], args, load, os.getloadavg(), ilp))
+    return rows, ilp
+
+
+example: list[torch.Tensor] = []
+
+
+def table(rows, args, load_before, load_after, ilp: str) -> str:
+    lines = [f"peers: HF Llama {args.layers} layers, hidden {args.hidden}, seq {args.seq_len}, GQA 8/2, SwiGLU, fp32, "
+             f"1 thread, {args.backend}, {args.rounds} interleaved rounds; load average {load_before[0]:.2f} before, "
+             f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)",
+             f"{'budget':>6}  {'peer':<15} {'knob':<34} {'kept MiB':>9} {'step ms':>8} {'÷ lynx-compiled':>16} "
+             f"{'spread':>13}"]
+    verdicts = []
+    for fraction, _, peers in rows:
+        ref = next(p for p in peers if p.name == REFERENCE)
+        for p in peers:
+            q1, med, q3 = quartiles(ratios(p, ref))
+            lines.append(f"{fraction:>6.2f}  {p.name:<15} {p.knob:<34} {p.kept / 2**20:>9.2f} "
+                         f"{statistics.median(p.times) * 1e3:>8.1f} {med:>16.3f} {f'{q1:.3f}-{q3:.3f}':>13}")
+        budget = next(p for p in peers if p.name == "budget")
+        med = quartiles(ratios(budget, ref))[1]
+        verdicts.append(f"{fraction:.2f}: {'met' if med >= 1.0 and ref.kept <= budget.kept else 'not met'} "
+                        f"(budget ÷ lynx-compiled {med:.3f}, kept {budget.kept / 2**20:.2f} vs "
+                        f"{ref.kept / 2**20:.2f} MiB)")
+    lines.append(f"sac-ilp: {ilp}")
+    lines.append("budget: fraction of the way from full to no recomputation's peak; ratio > 1: slower than "
+                 "lynx-compiled")
+    lines.append("lynx-compiled at least as fast as the budget partitioner at equal or lower kept bytes: "
+                 + "; ".join(verdicts))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

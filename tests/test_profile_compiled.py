@@ -1,0 +1,115 @@
+"""`lynx profile --compile` (profiler/compiled.py): blocks measured as torch.compile (inductor, CPU) runs them. The
+compiled profile's bytes are what the compiled graphs save (measured on their saved tensors), its dropout masks are
+compiled dropout's bool masks, and its elementwise ops take the fused loops' time."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lynx_planner import apply_plan, policy, solvers
+from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.profiler import profile_model_file
+from lynx_planner.profiler.compiled import dropout_masks, fused_times, saved_bytes
+from lynx_planner.schema import ParallelConfig
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(TESTS / "models"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def profile(path: str, compile: bool, warnings: list[str] | None = None, **overrides):
+    return profile_model_file(path, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"], method="measure",
+                              repeats=2, overrides=overrides, progress=False, compile=compile,
+                              warn=(warnings.append if warnings is not None else lambda m: None))
+
+
+def test_fused_times_share_the_compiled_remainder():
+    """Hand arithmetic: GEMMs keep their times; the compiled block's 10 ms forward less the 6 ms GEMM leaves 4 ms for
+    the two elementwise ops, shared 1:3 as their eager 2 ms and 6 ms; the backward alike (9 - 5 = 4 over 1 + 1)."""
+    times = {"mm": (0.006, 0.005), "silu": (0.002, 0.001), "mul": (0.006, 0.001)}
+    got = fused_times(times, {"mm"}, (0.010, 0.009))
+    assert got["mm"] == (0.006, 0.005)
+    assert got["silu"] == pytest.approx((0.001, 0.002)) and got["mul"] == pytest.approx((0.003, 0.002))
+    # a compiled block faster than its GEMMs alone (noise): the elementwise ops cost nothing, never less
+    assert fused_times(times, {"mm"}, (0.004, 0.004))["silu"] == (0.0, 0.0)
+
+
+def test_compiled_profile_of_a_tiny_hf_llama_saves_what_its_compiled_graph_saves():
+    """A tiny HF Llama profiled with --compile: no block warns that its compiled graph saves other bytes than the
+    profile predicts for keeping everything; then a plan of it keeping the GEMMs' and attention's outputs, applied and
+    each decoder layer compiled with inductor, saves the plan's kept bytes exactly (the block input aside, which the
+    profile counts and the layer receives)."""
+    from runtime_utils import Spec, layer_policy
+    from zoo_models import lynx_model
+
+    warnings: list[str] = []
+    prof = profile(str(TESTS / "zoo_models.py"), True, warnings, name="llama")
+    assert prof.compiled and not [w for w in warnings if "compiled saves" in w]
+    eager = profile(str(TESTS / "zoo_models.py"), False, name="llama")
+    block = prof.blocks["LlamaDecoderLayer"]
+    # the GEMMs keep their eager times; the block's other ops take what the compiled block's time leaves them
+    gemms = [op for op in block.ops if op.flops > 0]
+    assert gemms and all(op.fwd_s > 0 for op in gemms)
+    assert [op.out_bytes for op in block.ops] == [op.out_bytes for op in eager.blocks["LlamaDecoderLayer"].ops]
+
+    plan = solvers.plan(prof, "p.json", "0" * 64, "full", 1 << 60)
+    assert plan.compiled  # a compiled profile's plans are for compiled training
+    policies, costs = plan.stages[0].policies, []
+    for i, p in enumerate(policies):
+        if p.mode == "full":
+            info = policy.analyse(prof.blocks[p.block])
+            keep = tuple(o.id for o in info.block.ops if o.id.endswith(":mm#0") or "_attention#" in o.id)
+            policies[i] = layer_policy(info, p.layers[0], Spec("selective", keep=keep)).model_copy(
+                update={"layers": p.layers})
+            costs += [policy.cost(info, frozenset(keep), tuple(policies[i].recompute)).kept_bytes] * (
+                p.layers[1] - p.layers[0])
+    model, inputs = lynx_model("llama")
+    apply_plan(model.train(), plan)
+    x = model.model.embed_tokens(inputs[0]).detach().requires_grad_()
+    positions = torch.arange(inputs[0].shape[1])[None]
+    rope = model.model.rotary_emb(x, positions)
+    assert len(costs) == len(model.model.layers) == 2
+    for layer, kept in zip(model.model.layers, costs):
+        layer.compile()
+        out = layer(x, position_embeddings=rope, attention_mask=None, position_ids=positions)
+        assert saved_bytes(out, [x, *layer.parameters(), *rope]) + x.nbytes == kept
+
+
+def test_compiled_profile_holds_bool_dropout_masks():
+    """A Llama-style decoder with residual dropout: eagerly (CPU) dropout saves its scaled fp32 mask; compiled, a
+    native_dropout saves a bool mask: 2 x 16 x 32 elements, 1,024 B, where the eager profile has 4,096 B. The compiled
+    graph that keeps everything saves what the compiled profile predicts (no warning)."""
+    warnings: list[str] = []
+    prof = profile(str(TESTS / "models" / "drop_llama.py"), True, warnings)
+    eager = profile(str(TESTS / "models" / "drop_llama.py"), False)
+    assert not [w for w in warnings if "compiled saves" in w]
+    block = next(b for b in prof.blocks.values() if dropout_masks(b))
+    masks = dropout_masks(block)
+    assert len(masks) == 2
+    compiled_bytes = {op.id: op.out_bytes for op in block.ops}
+    eager_bytes = {op.id: op.out_bytes for op in eager.blocks[block.name].ops}
+    assert [compiled_bytes[m] for m in masks] == [2 * 16 * 32] * 2
+    assert [eager_bytes[m] for m in masks] == [2 * 16 * 32 * 4] * 2
+
+
+def test_compile_needs_measure_and_a_model_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from lynx_planner.cli import app
+
+    for args, message in ((["tests/models/drop_llama.py"], "--method measure"),
+                          (["llama3-8b", "--method", "measure"], "--compile")):
+        result = CliRunner().invoke(app, ["profile", *args, "-o", str(tmp_path / "p.json"), "--compile"])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert not (tmp_path / "p.json").exists()
