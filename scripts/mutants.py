@@ -56,7 +56,11 @@ BC = "test_bad_model_configs.py"  # issue 31: bad config.json / model JSON
 CN = "test_cli_newcomer.py"  # issue 31: the command line a new user meets
 TV = "test_tune_verdicts.py"  # issue 31: which GPUs, how many
 MA = "test_modern_arithmetic.py"  # issue 31: the HF families' arithmetic, independently derived
-FC = "test_fsdp_cp.py"  # FSDP / HSDP / CP bytes and waits by hand
+FC = "test_fsdp_cp.py"  # FSDP / HSDP / CP: the whole file
+# its derivations by hand (seconds, where the whole file takes minutes)
+FH = tuple(f"test_fsdp_cp.py::test_{t}" for t in (
+    "llama3_8b_fsdp8_static_bytes_by_hand", "hsdp_and_reshard_after_forward_bytes", "cp_attention_work_and_ring_exchange_by_hand",
+    "fsdp_waits_by_hand_70b_hsdp_across_nodes", "fsdp_and_zero1_shard_over_dp_times_cp"))
 OF = "test_offload.py"  # the copy engine and offload plans
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -344,37 +348,34 @@ MUTANTS: list[Mutant] = [
     # issue 31, second pass: rows for last round's code (streams, parallel/, offload, kernels/te, exports/layout,
     # families/). FC = the FSDP/CP hand derivations; several rows target lines other branches were changing
     M("parallel/fsdp.py", "return (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) / shard_ranks(par)",
-      "return (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) / shard_size(par)", FC, what="FSDP shards not over dp x cp"),
+      "return (PARAM_BYTES + GRAD_BYTES + ADAM_BYTES) / shard_size(par)", *FH, what="FSDP shards not over dp x cp"),
     M("parallel/fsdp.py", "bwd = max(g * (a + b) + a * gb for a, b in zip(n, lower))",
-      "bwd = max(g * (a + b) for a, b in zip(n, lower))", FC, what="FSDP backward without the unsharded gradient"),
-    M("parallel/fsdp.py", "return g + (REDUCE_BYTES if g != REDUCE_BYTES else 0)", "return g", FC,
+      "bwd = max(g * (a + b) for a, b in zip(n, lower))", *FH, what="FSDP backward without the unsharded gradient"),
+    M("parallel/fsdp.py", "return g + (REDUCE_BYTES if g != REDUCE_BYTES else 0)", "return g", *FH,
       what="FSDP gradient without its fp32 reduce-scatter copy"),
     M("parallel/fsdp.py", "costs.all_reduce_s(REDUCE_BYTES * params / shard_ranks(par), replicas(par)",
-      "costs.all_reduce_s(REDUCE_BYTES * params, replicas(par)", FC, what="HSDP all-reduces the whole gradient"),
-    M("parallel/fsdp.py", "    return par.dp // shard_size(par)", "    return 1", FC, what="HSDP replicas taken as 1"),
+      "costs.all_reduce_s(REDUCE_BYTES * params, replicas(par)", *FH, what="HSDP all-reduces the whole gradient"),
+    M("parallel/fsdp.py", "    return par.dp // shard_size(par)", "    return 1", *FH, what="HSDP replicas taken as 1"),
     M("parallel/fsdp.py", '    return ("layer_above",)\n', '    return ("layer_above", "grad_wait")\n', FC,
       "test_offload.py", what="FSDP resharded: grad_wait allowed (its parameters are not gathered)"),
     M("parallel/fsdp.py", "return PARAM_BYTES if profile.dtype == \"fp32\" and profile.autocast is None else GATHER_BYTES",
       "return GATHER_BYTES", FC, what="fp32 FSDP gathers 2-byte parameters"),
-    M("parallel/cp.py", "BWD_BYTES_FACTOR = 2", "BWD_BYTES_FACTOR = 1", FC, what="CP backward ring without dK/dV"),
+    M("parallel/cp.py", "BWD_BYTES_FACTOR = 2", "BWD_BYTES_FACTOR = 1", *FH, what="CP backward ring without dK/dV"),
     M("parallel/cp.py", "f = steps * max(0.0, costs.p2p_s(kv_bytes, bus) - fwd_s / cp)",
-      "f = steps * max(0.0, costs.p2p_s(kv_bytes, bus) - fwd_s)", FC,
+      "f = steps * max(0.0, costs.p2p_s(kv_bytes, bus) - fwd_s)", *FH,
       what="CP step hidden behind the whole attention, not 1/cp of it"),
-    M("parallel/cp.py", "    return cp\n", "    return 1\n", FC, what="CP attention work not x cp (local keys only)"),
+    M("parallel/cp.py", "    return cp\n", "    return 1\n", *FH, what="CP attention work not x cp (local keys only)"),
     M("parallel/zero1.py", "return par.dp * par.cp if par.distributed_optimizer else 1",
-      "return par.dp if par.distributed_optimizer else 1", FC, what="ZeRO-1 shards not over dp x cp"),
+      "return par.dp if par.distributed_optimizer else 1", *FH, what="ZeRO-1 shards not over dp x cp"),
     M("streams.py", 'out["fsdp_shard"] = Group("fsdp_shard", shard * par.cp, par.tp, DP)',
-      'out["fsdp_shard"] = Group("fsdp_shard", shard, par.tp, DP)', FC, what="FSDP shard group without the CP ranks"),
-    M("streams.py", "        if g.size * g.stride <= hw.gpus_per_node:\n            return costs.p2p_link",
-      "        if g.size * g.stride < hw.gpus_per_node:\n            return costs.p2p_link",
-      FC, what="a p2p ring filling one node priced across nodes"),
+      'out["fsdp_shard"] = Group("fsdp_shard", shard, par.tp, DP)', *FH, what="FSDP shard group without the CP ranks"),
     M("streams.py", "before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])",
-      "before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j])", FC,
+      "before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j])", *FH,
       what="FSDP all-gather hidden behind the layer's own forward, not the one below"),
     M("streams.py", "max(0.0, comm - rec[j]), min(rec[j], comm)", "comm, 0.0", FC,
       what="FSDP backward waits not filled by on-demand recomputation"),
     M("streams.py", "kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)\n            f, b =",
-      "kv = sum(ids[i].out_bytes for i in op.inputs[1:2] if i in ids)\n            f, b =", FC,
+      "kv = sum(ids[i].out_bytes for i in op.inputs[1:2] if i in ids)\n            f, b =", *FH,
       what="CP ring moves K only, not K and V"),
     # offload.py, solvers/offload.py
     M("offload.py", "return hw.inter_node_bus_bytes_per_s * min(1.0, nics / hw.gpus_per_node)",

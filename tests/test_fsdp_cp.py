@@ -138,6 +138,32 @@ def test_fsdp_waits_by_hand_70b_hsdp_across_nodes():
     assert ag > f5 and ag + rs > b6  # exposed: the case the issue asks for
 
 
+def test_fsdp_and_zero1_shard_over_dp_times_cp():
+    """CP ranks hold the same parameters as their DP peers (Megatron's DP group includes the CP ranks, torchtitan
+    shards over its dp_shard_cp mesh): dp 4 x cp 4 shards FSDP's 16 bytes per parameter, and ZeRO-1's 12 optimizer
+    bytes, over 16 ranks. Those 16 ranks, one apart, span two 8-GPU nodes: each all-gather runs over both. The
+    output layer's all-gather is prefetched behind the forward of the layer below it (the final norm: next to
+    nothing), so nearly all of it is a wait."""
+    emb, layer, norm, head = llama3_8b_unit_params()
+    total = emb + 32 * layer + norm + head
+    fsdp = profile_of("llama3-8b", dp=4, cp=4, fsdp=True, seq_len=8192)
+    assert sum(l.static_bytes for l in fsdp.layers) == pytest.approx(16 * total / 16, rel=1e-3)
+    zero1 = profile_of("llama3-8b", dp=4, cp=4, distributed_optimizer=True, seq_len=8192)
+    assert static_bytes(zero1, 0, len(zero1.layers)) == pytest.approx((6 + 12 / 16) * total, rel=1e-3)
+
+    from lynx_planner import simulator
+
+    assert fsdp.layers[-1].params == head
+    bus = costs.group_link(H100, 16, 1)  # 16 consecutive ranks: two nodes, one ring per NIC
+    assert bus != costs.group_link(H100, 4, 1)  # not the 4 DP ranks alone (one node)
+    ag = 15 / 16 * 2 * head / bus[0] + bus[1]  # bf16 parameters
+    segs = simulator.stage_segments(fsdp, 0, len(fsdp.layers))
+    norm_fwd = sum(simulator.segments(fsdp, fsdp.blocks[fsdp.layers[-2].block])[0])
+    head_fwd = sum(simulator.segments(fsdp, fsdp.blocks[fsdp.layers[-1].block])[0])
+    assert norm_fwd < ag < head_fwd  # hidden behind the head's own forward it would not show
+    assert segs[-1][0][:2] == (0.0, pytest.approx(ag - norm_fwd))
+
+
 def test_heu_hides_recomputation_in_fsdp_waits_and_beats_full():
     prof = profile_of("llama3-70b", tp=8, sequence_parallel=True, dp=32, fsdp=True, hsdp_shard_size=8,
                       seq_len=8192, num_microbatches=4)
