@@ -60,7 +60,8 @@ FC = "test_fsdp_cp.py"  # FSDP / HSDP / CP: the whole file
 # its derivations by hand (seconds, where the whole file takes minutes)
 FH = tuple(f"test_fsdp_cp.py::test_{t}" for t in (
     "llama3_8b_fsdp8_static_bytes_by_hand", "hsdp_and_reshard_after_forward_bytes", "cp_attention_work_and_ring_exchange_by_hand",
-    "fsdp_waits_by_hand_70b_hsdp_across_nodes", "fsdp_and_zero1_shard_over_dp_times_cp"))
+    "fsdp_waits_by_hand_70b_hsdp_across_nodes", "fsdp_and_zero1_shard_over_dp_times_cp",
+    "fsdp_of_an_fp32_model_gathers_fp32_parameters"))
 OF = "test_offload.py"  # the copy engine and offload plans
 
 # One line per mutant: M(file, original, replacement, test files..., what=...). Keep the original short but unique.
@@ -359,7 +360,7 @@ MUTANTS: list[Mutant] = [
     M("parallel/fsdp.py", '    return ("layer_above",)\n', '    return ("layer_above", "grad_wait")\n', FC,
       "test_offload.py", what="FSDP resharded: grad_wait allowed (its parameters are not gathered)"),
     M("parallel/fsdp.py", "return PARAM_BYTES if profile.dtype == \"fp32\" and profile.autocast is None else GATHER_BYTES",
-      "return GATHER_BYTES", FC, what="fp32 FSDP gathers 2-byte parameters"),
+      "return GATHER_BYTES", *FH, what="fp32 FSDP gathers 2-byte parameters"),
     M("parallel/cp.py", "BWD_BYTES_FACTOR = 2", "BWD_BYTES_FACTOR = 1", *FH, what="CP backward ring without dK/dV"),
     M("parallel/cp.py", "f = steps * max(0.0, costs.p2p_s(kv_bytes, bus) - fwd_s / cp)",
       "f = steps * max(0.0, costs.p2p_s(kv_bytes, bus) - fwd_s)", *FH,
@@ -382,7 +383,8 @@ MUTANTS: list[Mutant] = [
       "return hw.inter_node_bus_bytes_per_s", OF, what="NIC share not divided among the GPUs sharing a NIC"),
     M("offload.py", "start = max(t, self.h2d_free, out_end)", "start = max(t, self.h2d_free)", OF,
       what="reload starts before the copy out ended"),
-    M("offload.py", "dt = nbytes / self.link.d2h_bytes_per_s", "dt = nbytes / self.link.h2d_bytes_per_s", OF,
+    M("offload.py", "dt = nbytes / self.link.d2h_bytes_per_s", "dt = nbytes / self.link.h2d_bytes_per_s",
+      "test_offload.py::test_a_slow_link_stalls_the_backward_by_hand",
       what="copy out priced at the host-to-device rate"),
     M("offload.py", "bad = [o for o in pol.offload if o != BLOCK_INPUT and o not in kept]", "bad = []", OF,
       what="offloading a tensor that is not kept accepted"),

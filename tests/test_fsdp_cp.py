@@ -73,6 +73,22 @@ def test_hsdp_and_reshard_after_forward_bytes():
     assert transient == 2 * total + (2 + 4) * head
 
 
+def test_fsdp_of_an_fp32_model_gathers_fp32_parameters():
+    """Trained in fp32 without autocast, FSDP2 has no mixed-precision policy: it all-gathers the fp32 shards (4 bytes
+    per parameter) and the gradient is fp32 already (no copy for the reduce-scatter). Kept gathered from forward to
+    backward: 4 bytes per parameter of every unit, plus the output layer's 4-byte gradient. Under autocast (fp32
+    weights, bf16 compute) torchtitan's policy gathers bf16: as the bf16 model. (A catalog model is profiled in
+    bf16; its profile is marked as a model file profiled with --dtype / --autocast would be.)"""
+    emb, layer, norm, head = llama3_8b_unit_params()
+    total = emb + 32 * layer + norm + head
+    bf16 = profile_of("llama3-8b", dp=8, fsdp=True, reshard_after_forward=False, seq_len=2048)
+    for dtype, autocast, expected in (("fp32", None, 4 * total + 4 * head),
+                                      ("fp32", "bf16", 2 * total + (2 + 4) * head)):
+        prof = bf16.model_copy(update={"dtype": dtype, "autocast": autocast})
+        transient = static_bytes(prof, 0, len(prof.layers)) - sum(l.static_bytes for l in prof.layers)
+        assert transient == expected, (dtype, autocast)
+
+
 def test_cp_divides_activation_bytes_of_a_128k_llama():
     """Context parallelism splits every activation of a layer by the sequence: per GPU, cp times fewer bytes."""
     peaks = {}
