@@ -373,7 +373,7 @@ MUTANTS: list[Mutant] = [
     M("streams.py", "before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])",
       "before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j])", *FH,
       what="FSDP all-gather hidden behind the layer's own forward, not the one below"),
-    M("streams.py", "max(0.0, comm - rec[j]), min(rec[j], comm)", "comm, 0.0", FC,
+    M("streams.py", "max(0.0, comm - rec[j]), min(rec[j], comm)", "comm, 0.0", *FH,
       what="FSDP backward waits not filled by on-demand recomputation"),
     M("streams.py", "kv = sum(ids[i].out_bytes for i in op.inputs[1:3] if i in ids)\n            f, b =",
       "kv = sum(ids[i].out_bytes for i in op.inputs[1:2] if i in ids)\n            f, b =", *FH,
@@ -493,6 +493,20 @@ def run_one(mut: Mutant, timeout: float, root: Path = ROOT) -> tuple[str, float,
         shutil.move(backup, path)  # also on KeyboardInterrupt
 
 
+def _shown(tests: tuple[str, ...]) -> str:
+    """The tests column: a file's node ids shortened to their count where there are more than two."""
+    out: list[str] = []
+    for t in tests:
+        file = t.split("::")[0]
+        ids = [x for x in tests if x.startswith(file + "::")]
+        if len(ids) > 2:
+            if f"{file} ({len(ids)} tests)" not in out:
+                out.append(f"{file} ({len(ids)} tests)")
+        else:
+            out.append(t)
+    return ", ".join(out)
+
+
 def _rows(spec: str) -> set[int]:
     """'24,28-35' -> {24, 28, ..., 35}."""
     out: set[int] = set()
@@ -532,11 +546,11 @@ def main() -> int:
                 continue
             what = (mut.what or mut.replacement).replace("|", "\\|")
             if args.list:
-                print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | | | |", flush=True)
+                print(f"| {i} | {mut.file} | {what} | {_shown(mut.tests)} | | | |", flush=True)
                 continue
             outcome, secs, by = run_one(mut, args.timeout, root)
             counts[outcome] = counts.get(outcome, 0) + 1
-            print(f"| {i} | {mut.file} | {what} | {', '.join(mut.tests)} | {outcome} | {by} | {secs:.0f} |",
+            print(f"| {i} | {mut.file} | {what} | {_shown(mut.tests)} | {outcome} | {by} | {secs:.0f} |",
                   flush=True)
     except KeyboardInterrupt:
         print("interrupted: the mutated file is restored", file=sys.stderr)

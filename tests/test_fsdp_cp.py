@@ -152,6 +152,11 @@ def test_fsdp_waits_by_hand_70b_hsdp_across_nodes():
     assert segs[6][0][:2] == (0.0, pytest.approx(ag - f5))  # the wait before layer 6's forward
     assert segs[6][1][-2:] == (pytest.approx(ag + rs - b6), 0.0)  # after layer 6's backward
     assert ag > f5 and ag + rs > b6  # exposed: the case the issue asks for
+    # layer 6 recomputed on demand: FSDP2 runs it inside the layer's backward, beside the same two collectives, so
+    # it fills r seconds of that wait (hidden) and the wait shrinks by as much
+    r = (ag + rs - b6) / 3
+    w = streams.layer_waits(prof, [5, 6], [f5, sum(plain[6][0])], [sum(plain[5][1]), b6], on_demand_s=[0.0, r])[1]
+    assert (w.bwd_after, w.rec_beside) == (pytest.approx(ag + rs - b6 - r), pytest.approx(r))
 
 
 def test_fsdp_and_zero1_shard_over_dp_times_cp():
