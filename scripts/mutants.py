@@ -408,7 +408,8 @@ MUTANTS: list[Mutant] = [
       what="TE norms and residuals not split under SP"),
     # exports/layout.py (Megatron's stage split)
     M("exports/layout.py", "    if len(set(counts)) == 1:\n        return []", "    if False:\n        return []",
-      "test_export.py", "test_megatron_export.py", what="split flags for Megatron's own even split"),
+      "test_export.py::test_even_split_needs_no_flags", "test_export.py", "test_megatron_export.py",
+      what="split flags for Megatron's own even split"),
     M("exports/layout.py", 'flags.append(f"--decoder-last-pipeline-num-layers {counts[-1]}")',
       'flags.append(f"--decoder-last-pipeline-num-layers {counts[0]}")', "test_export.py", "test_megatron_export.py",
       what="last-stage count taken from the first stage"),

@@ -35,9 +35,12 @@ def layout_counts(flag: str) -> list[int]:
     return counts
 
 
-def test_even_split_needs_no_flags():
-    prof = small_profile(pp=4, layers=8)
-    assert export.split_flags(prof, even_bounds(prof, 4)) == []
+@pytest.mark.parametrize("pp", [2, 4])
+def test_even_split_needs_no_flags(pp):
+    """Megatron splits the decoder layers evenly by itself: no flag (with two stages, not even a first-stage count
+    equal to half of them)."""
+    prof = small_profile(pp=pp, layers=8)
+    assert export.split_flags(prof, even_bounds(prof, pp)) == []
 
 
 def test_uneven_ends_use_first_and_last_stage_flags():
