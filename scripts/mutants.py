@@ -317,7 +317,9 @@ MUTANTS: list[Mutant] = [
       what="a zero size named by lynx's field, not the config's"),
     M("models/families/__init__.py", "if kind is int and v > _MOST.get(key, MAX_WIDTH):", "if False:", BC,
       what="config sizes unbounded (10^9 layers)"),
-    M("models/spec.py", "MAX_LAYERS = 1024", "MAX_LAYERS = 10**9", BC, what="model JSON layers unbounded"),
+    M("models/spec.py", "MAX_LAYERS = 1024", "MAX_LAYERS = 10**9",
+      "test_bad_model_configs.py::test_model_spec_refuses_more_layers_than_it_can_build_at_once", BC,
+      what="model JSON layers unbounded"),
     # issue 31: what a new user meets on the command line (tests/test_cli_newcomer.py)
     M("tune.py", "        raise InputError(option_reason(gpus, hw, global_batch,",
       "        raise InputError((lambda *a: None)(gpus, hw, global_batch,", CN, what="tune --ep 3 blames --global-batch"),

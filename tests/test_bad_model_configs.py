@@ -61,3 +61,16 @@ def test_lynx_model_json_sizes_are_bounded(tmp_path):
             "vocab": 10**18}
     out = _profile(tmp_path, spec, "model.json")
     assert "num_layers" in out and "vocab" in out and "1024" in out
+
+
+def test_model_spec_refuses_more_layers_than_it_can_build_at_once():
+    """The bound is on ModelSpec itself, so a config, a model JSON and the catalog all meet it before anything is
+    built (10^9 layers never returned, 10^5 took minutes and 1.7 GB)."""
+    from pydantic import ValidationError
+
+    from lynx_planner.models.spec import ModelSpec
+
+    small = dict(name="x", family="llama", hidden=64, heads=4, ffn_hidden=128, vocab=128)
+    assert ModelSpec(num_layers=1024, **small).num_layers == 1024  # Llama 3 405B has 126; the bound is far above
+    with pytest.raises(ValidationError, match="1024"):
+        ModelSpec(num_layers=1025, **small)
