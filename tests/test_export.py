@@ -48,6 +48,9 @@ def test_uneven_ends_use_first_and_last_stage_flags():
     assert export.split_flags(prof, [0, 2, 5, 8, 10]) == ["--decoder-first-pipeline-num-layers 1",
                                                            "--decoder-last-pipeline-num-layers 1"]
     assert export.split_flags(prof, [0, 3, 6, 9, 10]) == ['--pipeline-model-parallel-layout "E,t*2|t*3|t*3|L"']
+    ten = small_profile(pp=4, layers=10)  # 1 | 2 | 2 | 5: each end its own count
+    assert export.split_flags(ten, [0, 2, 4, 6, 12]) == ["--decoder-first-pipeline-num-layers 1",
+                                                          "--decoder-last-pipeline-num-layers 5"]
 
 
 @pytest.mark.parametrize("bounds", [[0, 2, 4, 7, 10], [0, 4, 5, 8, 10], [0, 1, 3, 6, 10]])
