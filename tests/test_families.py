@@ -12,6 +12,7 @@ from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.models.hf_config import read_hf_config, spec_from_hf
 from lynx_planner.schema import ParallelConfig
 from conftest import lynx
+from hf_families import CONFIGS as TINY
 
 HW = HARDWARE["h100-80g-nvlink"]
 CORE = "self_attn:_scaled_dot_product_flash_attention#0"
@@ -92,7 +93,8 @@ def test_quantization_config_is_a_note(tmp_path):
     {**HF_CONFIGS["qwen3-235b-a22b"][1], "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [5]},
     {**HF_CONFIGS["qwen2.5-72b"][1], "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 4096,
      "max_window_layers": 2},
-], ids=["llama-biases", "qwen3-moe-interleaved", "qwen2-window"])
+    TINY["llama4_text"],  # dense layers (intermediate_size_mlp) between MoE ones (interleave_moe_layer_step 2)
+], ids=["llama-biases", "qwen3-moe-interleaved", "qwen2-window", "llama4-dense-and-moe"])
 def test_params_equal_transformers(cfg):
     pytest.importorskip("transformers")
     spec = spec_from_hf(cfg, "x", "test")
