@@ -394,7 +394,7 @@ MUTANTS: list[Mutant] = [
     M("solvers/offload.py", 'p.model_copy(update={"offload": [BLOCK_INPUT] + [u for u in p.keep if info.unit_bytes[u] > 0]})',
       'p.model_copy(update={"offload": [u for u in p.keep if info.unit_bytes[u] > 0]})', OF,
       what="full offload keeps the layer input on the device"),
-    M("solvers/offload.py", "+ ([BLOCK_INPUT] if takes_input else [])", "", OF,
+    M("solvers/offload.py", "+ ([BLOCK_INPUT] if takes_input else [])", "", "test_offload.py::test_megatron_modules_on_llama",
       what="Megatron offload modules drop layer_input"),
     # kernels/te.py (Megatron-core with Transformer Engine)
     M("kernels/te.py", "fwd = costs.attention_s(flops / 2, hw, per_head_flops=flops / 2 / (b * heads))",

@@ -226,6 +226,10 @@ def test_megatron_modules_on_llama(llama):
     s = solvers.solve(prof, "offload", 1 << 40, offload_modules=("core_attn",))
     pol = next(p for p in s.stages[0].policies if p.block == "LlamaDecoderLayer")
     assert set(pol.offload) == set(core) and "input_layernorm:mul#1" in pol.recompute  # layernorm recomputed
+    # Megatron's --offload-modules layer_input: the block's input goes to the host beside core_attn's tensors
+    s = solvers.solve(prof, "offload", 1 << 40, offload_modules=("core_attn", "layer_input"))
+    pol = next(p for p in s.stages[0].policies if p.block == "LlamaDecoderLayer")
+    assert set(pol.offload) == set(core) | {BLOCK_INPUT}
 
 
 def test_offload_needs_a_host_link(tmp_path):
