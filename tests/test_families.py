@@ -2,6 +2,7 @@
 sliding windows are priced by the window (hand arithmetic); biases and MoE layer patterns equal transformers' counts."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,17 @@ def test_llama4_chunked_and_nope_layers():
     # chunks of 8192 in 16384 tokens: two chunks' causal pairs against the full causal triangle, by hand
     share = 2 * (8192 * 8193 // 2) / (16384 * 16385 // 2)
     assert core[chunked.name] == pytest.approx(core[nope.name] * share)
+
+
+def test_gemma3_layer_pattern_is_transformers():
+    """Gemma 3 27B's published config gives sliding_window_pattern (6), not layer_types: every 6th layer is full
+    attention, as transformers' Gemma3TextConfig derives its layer_types from the same config."""
+    transformers = pytest.importorskip("transformers")
+    path = Path(__file__).parent / "data" / "hf" / "gemma3-27b.json"
+    text = json.loads(path.read_text())["text_config"]
+    assert "layer_types" not in text
+    kw = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    hf = transformers.Gemma3TextConfig(**kw).layer_types
+    spec = read_hf_config(str(path))
+    assert spec.layer_types == tuple("full" if t == "full_attention" else "sliding" for t in hf)
+    assert spec.layer_types[5] == "full" and spec.layer_types[0] == "sliding"
