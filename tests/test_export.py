@@ -35,9 +35,12 @@ def layout_counts(flag: str) -> list[int]:
     return counts
 
 
-def test_even_split_needs_no_flags():
-    prof = small_profile(pp=4, layers=8)
-    assert export.split_flags(prof, even_bounds(prof, 4)) == []
+@pytest.mark.parametrize("pp", [2, 4])
+def test_even_split_needs_no_flags(pp):
+    """Megatron splits the decoder layers evenly by itself: no flag (with two stages, not even a first-stage count
+    equal to half of them)."""
+    prof = small_profile(pp=pp, layers=8)
+    assert export.split_flags(prof, even_bounds(prof, pp)) == []
 
 
 def test_uneven_ends_use_first_and_last_stage_flags():
@@ -45,6 +48,9 @@ def test_uneven_ends_use_first_and_last_stage_flags():
     assert export.split_flags(prof, [0, 2, 5, 8, 10]) == ["--decoder-first-pipeline-num-layers 1",
                                                            "--decoder-last-pipeline-num-layers 1"]
     assert export.split_flags(prof, [0, 3, 6, 9, 10]) == ['--pipeline-model-parallel-layout "E,t*2|t*3|t*3|L"']
+    ten = small_profile(pp=4, layers=10)  # 1 | 2 | 2 | 5: each end its own count
+    assert export.split_flags(ten, [0, 2, 4, 6, 12]) == ["--decoder-first-pipeline-num-layers 1",
+                                                          "--decoder-last-pipeline-num-layers 5"]
 
 
 @pytest.mark.parametrize("bounds", [[0, 2, 4, 7, 10], [0, 4, 5, 8, 10], [0, 1, 3, 6, 10]])

@@ -2,6 +2,7 @@
 sliding windows are priced by the window (hand arithmetic); biases and MoE layer patterns equal transformers' counts."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.models.hf_config import read_hf_config, spec_from_hf
 from lynx_planner.schema import ParallelConfig
 from conftest import lynx
+from hf_families import CONFIGS as TINY
 
 HW = HARDWARE["h100-80g-nvlink"]
 CORE = "self_attn:_scaled_dot_product_flash_attention#0"
@@ -92,7 +94,8 @@ def test_quantization_config_is_a_note(tmp_path):
     {**HF_CONFIGS["qwen3-235b-a22b"][1], "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [5]},
     {**HF_CONFIGS["qwen2.5-72b"][1], "num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 4096,
      "max_window_layers": 2},
-], ids=["llama-biases", "qwen3-moe-interleaved", "qwen2-window"])
+    TINY["llama4_text"],  # dense layers (intermediate_size_mlp) between MoE ones (interleave_moe_layer_step 2)
+], ids=["llama-biases", "qwen3-moe-interleaved", "qwen2-window", "llama4-dense-and-moe"])
 def test_params_equal_transformers(cfg):
     pytest.importorskip("transformers")
     spec = spec_from_hf(cfg, "x", "test")
@@ -152,3 +155,17 @@ def test_llama4_chunked_and_nope_layers():
     # chunks of 8192 in 16384 tokens: two chunks' causal pairs against the full causal triangle, by hand
     share = 2 * (8192 * 8193 // 2) / (16384 * 16385 // 2)
     assert core[chunked.name] == pytest.approx(core[nope.name] * share)
+
+
+def test_gemma3_layer_pattern_is_transformers():
+    """Gemma 3 27B's published config gives sliding_window_pattern (6), not layer_types: every 6th layer is full
+    attention, as transformers' Gemma3TextConfig derives its layer_types from the same config."""
+    transformers = pytest.importorskip("transformers")
+    path = Path(__file__).parent / "data" / "hf" / "gemma3-27b.json"
+    text = json.loads(path.read_text())["text_config"]
+    assert "layer_types" not in text
+    kw = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    hf = transformers.Gemma3TextConfig(**kw).layer_types
+    spec = read_hf_config(str(path))
+    assert spec.layer_types == tuple("full" if t == "full_attention" else "sliding" for t in hf)
+    assert spec.layer_types[5] == "full" and spec.layer_types[0] == "sliding"

@@ -75,6 +75,22 @@ def test_hsdp_and_reshard_after_forward_bytes():
     assert transient == 2 * total + (2 + 4) * head + 4 * head // 8
 
 
+def test_fsdp_of_an_fp32_model_gathers_fp32_parameters():
+    """Trained in fp32 without autocast, FSDP2 has no mixed-precision policy: it all-gathers the fp32 shards (4 bytes
+    per parameter) and the gradient is fp32 already (no copy for the reduce-scatter). Kept gathered from forward to
+    backward: 4 bytes per parameter of every unit, plus the output layer's 4-byte gradient. Under autocast (fp32
+    weights, bf16 compute) torchtitan's policy gathers bf16: as the bf16 model. (A catalog model is profiled in
+    bf16; its profile is marked as a model file profiled with --dtype / --autocast would be.)"""
+    emb, layer, norm, head = llama3_8b_unit_params()
+    total = emb + 32 * layer + norm + head
+    bf16 = profile_of("llama3-8b", dp=8, fsdp=True, reshard_after_forward=False, seq_len=2048)
+    for dtype, autocast, expected in (("fp32", None, 4 * total + 4 * head),
+                                      ("fp32", "bf16", 2 * total + (2 + 4) * head)):
+        prof = bf16.model_copy(update={"dtype": dtype, "autocast": autocast})
+        transient = static_bytes(prof, 0, len(prof.layers)) - sum(l.static_bytes for l in prof.layers)
+        assert transient == expected, (dtype, autocast)
+
+
 def test_cp_divides_activation_bytes_of_a_128k_llama():
     """Context parallelism splits every activation of a layer by the sequence: per GPU, cp times fewer bytes."""
     peaks = {}
@@ -138,6 +154,37 @@ def test_fsdp_waits_by_hand_70b_hsdp_across_nodes():
     assert segs[6][0][:2] == (0.0, pytest.approx(ag - f5))  # the wait before layer 6's forward
     assert segs[6][1][-2:] == (pytest.approx(ag + rs - b6), 0.0)  # after layer 6's backward
     assert ag > f5 and ag + rs > b6  # exposed: the case the issue asks for
+    # layer 6 recomputed on demand: FSDP2 runs it inside the layer's backward, beside the same two collectives, so
+    # it fills r seconds of that wait (hidden) and the wait shrinks by as much
+    r = (ag + rs - b6) / 3
+    w = streams.layer_waits(prof, [5, 6], [f5, sum(plain[6][0])], [sum(plain[5][1]), b6], on_demand_s=[0.0, r])[1]
+    assert (w.bwd_after, w.rec_beside) == (pytest.approx(ag + rs - b6 - r), pytest.approx(r))
+
+
+def test_fsdp_and_zero1_shard_over_dp_times_cp():
+    """CP ranks hold the same parameters as their DP peers (Megatron's DP group includes the CP ranks, torchtitan
+    shards over its dp_shard_cp mesh): dp 4 x cp 4 shards FSDP's 16 bytes per parameter, and ZeRO-1's 12 optimizer
+    bytes, over 16 ranks. Those 16 ranks, one apart, span two 8-GPU nodes: each all-gather runs over both. The
+    output layer's all-gather is prefetched behind the forward of the layer below it (the final norm: next to
+    nothing), so nearly all of it is a wait."""
+    emb, layer, norm, head = llama3_8b_unit_params()
+    total = emb + 32 * layer + norm + head
+    fsdp = profile_of("llama3-8b", dp=4, cp=4, fsdp=True, seq_len=8192)
+    assert sum(l.static_bytes for l in fsdp.layers) == pytest.approx(16 * total / 16, rel=1e-3)
+    zero1 = profile_of("llama3-8b", dp=4, cp=4, distributed_optimizer=True, seq_len=8192)
+    assert static_bytes(zero1, 0, len(zero1.layers)) == pytest.approx((6 + 12 / 16) * total, rel=1e-3)
+
+    from lynx_planner import simulator
+
+    assert fsdp.layers[-1].params == head
+    bus = costs.group_link(H100, 16, 1)  # 16 consecutive ranks: two nodes, one ring per NIC
+    assert bus != costs.group_link(H100, 4, 1)  # not the 4 DP ranks alone (one node)
+    ag = 15 / 16 * 2 * head / bus[0] + bus[1]  # bf16 parameters
+    segs = simulator.stage_segments(fsdp, 0, len(fsdp.layers))
+    norm_fwd = sum(simulator.segments(fsdp, fsdp.blocks[fsdp.layers[-2].block])[0])
+    head_fwd = sum(simulator.segments(fsdp, fsdp.blocks[fsdp.layers[-1].block])[0])
+    assert norm_fwd < ag < head_fwd  # hidden behind the head's own forward it would not show
+    assert segs[-1][0][:2] == (0.0, pytest.approx(ag - norm_fwd))
 
 
 def test_heu_hides_recomputation_in_fsdp_waits_and_beats_full():

@@ -66,6 +66,19 @@ def test_fp8_linear_layers_save_their_inputs_in_one_byte():
     assert layer_bytes(te(tp, True, fp8=True)) == expected
 
 
+@pytest.mark.parametrize("tp,s,b", [(1, 4096, 1), (4, 8192, 2)])
+def test_te_fused_attention_is_priced_causal(tp, s, b):
+    """TE's fused attention computes the lower triangle of the s x s scores: half of 4 b s^2 heads d FLOPs (QK^T
+    and PV, 2 FLOPs a multiply-add), per TP rank 32 / tp heads of 128, priced as the HF kernels' flash attention."""
+    from lynx_planner import costs
+
+    block = te(tp, tp > 1, s=s, b=b).blocks
+    core = next(op for blk in block.values() for op in blk.ops if op.id == "self_attention.core_attention:fused_attn#0")
+    heads, d = 32 // tp, 128
+    causal = 4 * b * s * s * heads * d / 2
+    assert core.fwd_s == pytest.approx(costs.attention_s(causal, H100, per_head_flops=causal / (b * heads)))
+
+
 def test_te_saves_less_than_hf_eager():
     par = ParallelConfig(tp=8, sequence_parallel=True, seq_len=8192)
     hf = layer_bytes(analytic.profile(LLAMA, par, H100))

@@ -162,6 +162,18 @@ def test_decoder_layers_are_t_whatever_their_mlp():
     assert export.split_flags(prof, [0, 7, 8]) == ['--pipeline-model-parallel-layout "E,t*5|L"']
 
 
+def test_a_final_norm_apart_from_the_loss_is_a_note():
+    """Megatron builds the final norm on the stage of the output layer: a plan that puts it on the stage before says
+    so in the export's notes; a plan with both on the last stage has nothing to say."""
+    cfg, par, _ = CASES["deepseek-v3-5-layers"]
+    prof = profile_of(cfg, **par)
+    names = [l.name for l in prof.layers]
+    assert names[-2].endswith("norm") and len(names) == 8  # embedding, 5 decoder layers, final norm, output layer
+    notes = export.layout_notes(prof, [0, 7, 8])
+    assert len(notes) == 1 and f"final norm ({names[-2]}) on stage 0" in notes[0] and "output layer on stage 1" in notes[0]
+    assert export.layout_notes(prof, [0, 4, 8]) == []
+
+
 def test_an_old_decoder_profile_without_its_architecture_is_refused(tmp_path):
     prof = profile_of(hf("llama3-8b", num_hidden_layers=4), pp=2, num_microbatches=4, seq_len=1024)
     old = prof.model_copy(update={"model": prof.model.model_copy(update={"architecture": None})})

@@ -17,9 +17,10 @@ from tests.conftest import lynx, small_profile
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def with_link(profile: Profile, gbs: float, pinned: int = 1 << 40) -> Profile:
+def with_link(profile: Profile, gbs: float, pinned: int = 1 << 40, h2d_gbs: float | None = None) -> Profile:
+    """The profile on a host link of `gbs` GB/s each way (`h2d_gbs`: host to device, where it differs)."""
     hw = profile.hardware.model_copy(update={"host_link": "pcie4-x16", "host_d2h_bytes_per_s": gbs * 1e9,
-                                             "host_h2d_bytes_per_s": gbs * 1e9, "pinned_host_bytes": pinned,
+                                             "host_h2d_bytes_per_s": (h2d_gbs or gbs) * 1e9, "pinned_host_bytes": pinned,
                                              "host_link_shared_with_nic": False})
     return profile.model_copy(update={"hardware": hw})
 
@@ -80,17 +81,20 @@ def _fwd_bwd(profile: Profile, i: int) -> tuple[float, float]:
     return sum(op.fwd_s for op in block.ops), sum(op.bwd_s for op in block.ops)
 
 
-def test_a_slow_link_stalls_the_backward_by_hand():
-    """One micro-batch, one stage, tp 1: layer 2's copy out starts when its forward ends and its copy back when
-    backward enters layer 3 (after both copies' queue); layer 2's backward waits for it."""
-    prof = with_link(small_profile(tp=1, pp=1, m=1, dropout=0.0), gbs=0.05)
+@pytest.mark.parametrize("d2h, h2d", [(0.05, 0.05), (0.05, 0.2)])
+def test_a_slow_link_stalls_the_backward_by_hand(d2h, h2d):
+    """One micro-batch, one stage, tp 1: layer 2's copy out (at the device-to-host rate) starts when its forward
+    ends and its copy back (host to device) when backward enters layer 3, not before the copy out has ended; layer
+    2's backward waits for it."""
+    prof = with_link(small_profile(tp=1, pp=1, m=1, dropout=0.0), gbs=d2h, h2d_gbs=h2d)
     j, n = 2, len(prof.layers)
     nbytes = layer_bytes(prof, j)
     f = [_fwd_bwd(prof, i)[0] for i in range(n)]
     b = [_fwd_bwd(prof, i)[1] for i in range(n)]
-    out_end = sum(f[:j + 1]) + nbytes / 0.05e9
+    out_end = sum(f[:j + 1]) + nbytes / (d2h * 1e9)
     enter_above = sum(f) + sum(b[j + 2:])  # backward starts when the forward ends (one stage)
-    back_end = max(enter_above, out_end) + nbytes / 0.05e9
+    assert out_end > enter_above  # the copy back waits for the copy out
+    back_end = max(enter_above, out_end) + nbytes / (h2d * 1e9)
     stall = back_end - (sum(f) + sum(b[j + 1:]))
     base = ev.evaluate(prof, offloading(prof, []))
     got = ev.evaluate(prof, offloading(prof, [j]))
@@ -98,7 +102,7 @@ def test_a_slow_link_stalls_the_backward_by_hand():
     assert st.offload_stall_s == pytest.approx(stall, rel=1e-9)
     assert got.predicted.iteration_time_s - base.predicted.iteration_time_s == pytest.approx(stall, rel=1e-9)
     assert st.offloaded_bytes == nbytes and st.host_peak_bytes == nbytes
-    assert st.link_busy_s == pytest.approx(nbytes / 0.05e9)
+    assert st.link_busy_s == pytest.approx(nbytes / (min(d2h, h2d) * 1e9))  # the busier direction
     # the copy out has not ended when the forward does: the device still holds the layer at the peak
     assert st.activation_bytes == base.predicted.stages[0].activation_bytes
 
@@ -222,6 +226,10 @@ def test_megatron_modules_on_llama(llama):
     s = solvers.solve(prof, "offload", 1 << 40, offload_modules=("core_attn",))
     pol = next(p for p in s.stages[0].policies if p.block == "LlamaDecoderLayer")
     assert set(pol.offload) == set(core) and "input_layernorm:mul#1" in pol.recompute  # layernorm recomputed
+    # Megatron's --offload-modules layer_input: the block's input goes to the host beside core_attn's tensors
+    s = solvers.solve(prof, "offload", 1 << 40, offload_modules=("core_attn", "layer_input"))
+    pol = next(p for p in s.stages[0].policies if p.block == "LlamaDecoderLayer")
+    assert set(pol.offload) == set(core) | {BLOCK_INPUT}
 
 
 def test_offload_needs_a_host_link(tmp_path):

@@ -58,6 +58,7 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
     kw |= {k: v for k, v in (("rope_theta", _number(f, "rope_theta")), ("norm_eps", _number(f, "rms_norm_eps")))
            if v is not None and k not in kw}
     check_all_read(f, mod)
+    _check_together(kw, where)
     kw = dict(name=name, source=source or f"{where} (model_type {cfg.get('model_type')})", **kw)
     notes += f.notes
     if notes:
@@ -70,6 +71,27 @@ def spec_from_hf(cfg: dict, name: str, where: str, source: str | None = None) ->
         raise InputError(f"{where}: " + "; ".join(
             f"{'.'.join(map(str, x['loc']))}: {x['msg'].removeprefix('Value error, ')}" if x["loc"]
             else x["msg"].removeprefix("Value error, ") for x in e.errors())) from None
+
+
+def _check_together(kw: dict, where: str) -> None:
+    """The checks across fields ModelSpec makes, in the config's own names (its message would name lynx's fields:
+    kv_heads, moe.dense_layers). `kw`: the ModelSpec fields the family read (models/families/_common.decoder)."""
+    heads, kv, hidden, layers = kw["heads"], kw["kv_heads"], kw["hidden"], kw["num_layers"]
+    if heads % kv:
+        raise InputError(f"{where}: field 'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
+    if kw.get("head_dim") is None and kw.get("mla") is None and hidden % heads:
+        raise InputError(f"{where}: field 'num_attention_heads' ({heads}) must divide 'hidden_size' ({hidden}) "
+                         "where 'head_dim' is not given")
+    moe = kw.get("moe")
+    if moe is not None and moe.dense_layers > layers:
+        raise InputError(f"{where}: field 'first_k_dense_replace' ({moe.dense_layers}) exceeds 'num_hidden_layers' "
+                         f"({layers})")
+    if moe is not None and moe.scoring == "sigmoid" and (moe.n_group or moe.topk_group):
+        if moe.experts % moe.groups:
+            raise InputError(f"{where}: field 'n_group' ({moe.groups}) must divide the experts ({moe.experts}): "
+                             "group-limited routing splits them into equal groups")
+        if moe.group_topk > moe.groups:
+            raise InputError(f"{where}: field 'topk_group' ({moe.group_topk}) exceeds 'n_group' ({moe.groups})")
 
 
 def read_hf_config(path: str) -> ModelSpec:
