@@ -18,6 +18,8 @@ Sources (numbers transcribed from the papers / README image; configurations as t
   torchtitan-1   torchtitan docs/performance.md (Dec 2024; arXiv 2410.06511 reports the same runs), Tables 1 and 3:
                  Llama 3.1 8B, 1D FSDP on 8 and 128 H100s (Grand Teton: 96 GB HBM2e, 500 W), local batch 2,
                  selective op AC, without torch.compile and Float8 (the other rows need them).  [checked on]
+                 Its memory rows (informational) are printed term by term against a hand count of what torchtitan's
+                 code of those runs holds at its peak (torchtitan_memory_by_hand).
   megatron-h100  Megatron-LM README (NVIDIA/Megatron-LM images/model_table.png, July 2024): per-GPU TFLOP/s on
                  H100 (bf16: 408.8 TFLOP/s is its 41 % MFU of 989.5), s 4096, vocabulary 131072, DP 48,
                  distributed optimizer with --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap;
