@@ -45,14 +45,15 @@ def llama3_8b_unit_params() -> tuple[int, int, int, int]:
 def test_llama3_8b_fsdp8_static_bytes_by_hand():
     """`lynx profile llama3-8b --hardware h100-80g-nvlink --dp 8 --fsdp --micro-batch-size 2 --seq-len 8192`: FSDP2's
     mixed precision keeps the fp32 sharded parameter (the master weight), its fp32 gradient and Adam's m and v: 16
-    bytes per parameter over 8 ranks; at the backward of the output layer it also holds that layer's gathered bf16
-    parameters and the final norm's (prefetched), the output layer's bf16 gradient and its fp32 reduce-scatter
-    input."""
+    bytes per parameter over 8 ranks. At the backward of its largest unit it also holds, as torchtitan 0.3 wraps and
+    runs it (distributed/fsdp.py: [norm, lm_head] one unit, not resharded after forward): that unit's gathered bf16
+    parameters, the last block's (prefetched for its backward), the unit's bf16 gradients and their fp32 copy for
+    the reduce-scatter (reduce_dtype fp32)."""
     emb, layer, norm, head = llama3_8b_unit_params()
     total = emb + 32 * layer + norm + head
     assert total == 8_030_261_248  # Llama 3 8B
     sharded = 16 * total / 8
-    gathered = 2 * head + 2 * norm + (2 + 4) * head  # the largest unit's backward: the output layer
+    gathered = 2 * (head + norm) + 2 * layer + (2 + 4) * (head + norm)
     prof = profile_of("llama3-8b", dp=8, fsdp=True, micro_batch_size=2, seq_len=8192)
     got = static_bytes(prof, 0, len(prof.layers))
     assert got == pytest.approx(sharded + gathered, rel=0.05)
