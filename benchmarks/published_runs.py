@@ -18,6 +18,8 @@ Sources (numbers transcribed from the papers / README image; configurations as t
   torchtitan-1   torchtitan docs/performance.md (Dec 2024; arXiv 2410.06511 reports the same runs), Tables 1 and 3:
                  Llama 3.1 8B, 1D FSDP on 8 and 128 H100s (Grand Teton: 96 GB HBM2e, 500 W), local batch 2,
                  selective op AC, without torch.compile and Float8 (the other rows need them).  [checked on]
+                 Its memory rows (informational) are printed term by term against a hand count of what torchtitan's
+                 code of those runs holds at its peak (torchtitan_memory_by_hand).
   megatron-h100  Megatron-LM README (NVIDIA/Megatron-LM images/model_table.png, July 2024): per-GPU TFLOP/s on
                  H100 (bf16: 408.8 TFLOP/s is its 41 % MFU of 989.5), s 4096, vocabulary 131072, DP 48,
                  distributed optimizer with --overlap-grad-reduce, --overlap-param-gather and --tp-comm-overlap;
@@ -282,25 +284,106 @@ def grand_teton_h100():
                                  "hbm_bytes_per_s": 2.4e12, "inter_node_bus_bytes_per_s": 50e9})
 
 
-def torchtitan_1() -> list[Row]:
-    """TPS/GPU and peak memory of torchtitan's 1D FSDP Llama 3.1 8B rows under its op-level selective AC (the keep
-    set above on every decoder layer), simulated by lynx."""
+def _torchtitan_run(gpus: int):
+    """(profile, evaluation) of torchtitan's 1D FSDP Llama 3.1 8B row on `gpus` GPUs under its op-level selective AC
+    (the keep set above on every decoder layer), simulated by lynx."""
     from lynx_planner.build import build_profile
     from lynx_planner.evaluate import layer_policy, none_policy
 
+    par = ParallelConfig(dp=gpus, fsdp=True, micro_batch_size=2, seq_len=8192, num_microbatches=1)
+    prof = build_profile("llama3-8b", par, grand_teton_h100())
+    pols = [layer_policy(prof, i, frozenset(TT_SAC_KEEP)) if "DecoderLayer" in layer.block
+            else none_policy(prof, i) for i, layer in enumerate(prof.layers)]
+    return prof, evaluate(prof, stage_plans(prof, [0, len(prof.layers)], pols), ideal=False)
+
+
+def torchtitan_1() -> list[Row]:
+    """TPS/GPU and peak memory of torchtitan's 1D FSDP Llama 3.1 8B rows (the memory rows: informational, term by
+    term in torchtitan_memory_terms)."""
     rows = []
     for gpus, tps, mem in TT1:
-        par = ParallelConfig(dp=gpus, fsdp=True, micro_batch_size=2, seq_len=8192, num_microbatches=1)
-        prof = build_profile("llama3-8b", par, grand_teton_h100())
-        pols = [layer_policy(prof, i, frozenset(TT_SAC_KEEP)) if "DecoderLayer" in layer.block
-                else none_policy(prof, i) for i, layer in enumerate(prof.layers)]
-        ev = evaluate(prof, stage_plans(prof, [0, len(prof.layers)], pols), ideal=False)
+        prof, ev = _torchtitan_run(gpus)
         t = ev.predicted.iteration_time_s
         rows.append(Row("torchtitan-1", f"8B FSDP {gpus} GPUs lbs2 s8192 op-SAC", tps, 2 * 8192 / t, "TPS/GPU"))
         rows.append(Row("torchtitan-1", f"8B FSDP {gpus} GPUs memory", mem, ev.peak_bytes / 2**30, "GiB",
-                        checked=False, note="torchtitan reads the allocator's reserved peak; lynx's activation peak "
-                        "leaves out backward's transient gradients (the loss's fp32 logits gradient alone is 8 GiB)"))
+                        checked=False, note="reserved peak vs lynx's predicted peak: the terms below"))
     return rows
+
+
+# Llama 3.1 8B as torchtitan's ModelArgs "8B" builds it (dim 4096, 32 layers, 32 heads, 8 KV heads, FFN 14336 from
+# ffn_dim_multiplier 1.3 and multiple_of 1024, vocabulary 128256), for the hand count of what its run holds.
+TT_8B = dict(h=4096, layers=32, heads=32, kv=8, head_dim=128, ffn=14336, vocab=128256)
+
+
+def torchtitan_memory_by_hand(gpus: int, b: int = 2, s: int = 8192) -> dict[str, int]:
+    """Bytes torchtitan 9dec370 (the commit of the runs) has allocated at its peak, the loss's backward, by term; from
+    its code, independent of lynx's profile:
+      shards       fp32 sharded parameters and Adam's m and v (12 bytes per parameter over the ranks); no gradient
+                   shard: train.py's optimizers.zero_grad() sets them to None (torch's default) and FSDP2 allocates
+                   each unit's at its reduce-scatter, after this point;
+      gathered     FSDP2 units held gathered (bf16): the root module (embedding, final norm, output layer: fully_shard
+                   never reshards the root after forward) and the last block (apply_fsdp: reshard_after_forward false
+                   for it);
+      blocks       per block, what its selective-checkpoint context caches (the MUST_SAVE ops' outputs, needed by a
+                   backward or not: wq, wv, the flash attention's output and logsumexp, w1, w2) and the checkpoint's
+                   input;
+      final norm   RMSNorm.forward: x.float() (fp32, saved by pow and mul), the bf16 normalised copy (saved by the
+                   weight's mul) and its output (saved by the output layer);
+      loss         loss.backward() at log_softmax's backward (pred was deleted): its saved fp32 output, the gradient
+                   from nll_loss (fp32) and the gradient it makes (fp32), each tokens x vocabulary."""
+    c = TT_8B
+    n, h = b * s, c["h"]
+    layer = h * (c["heads"] + 2 * c["kv"]) * c["head_dim"] + c["heads"] * c["head_dim"] * h + 3 * h * c["ffn"] + 2 * h
+    params = 2 * c["vocab"] * h + c["layers"] * layer + h
+    per_block = 2 * n * (h + c["heads"] * c["head_dim"] + c["kv"] * c["head_dim"] + c["heads"] * c["head_dim"]
+                         + c["ffn"] + h) + 4 * b * c["heads"] * s
+    return {"shards": 12 * params // gpus,
+            "gathered": 2 * (2 * c["vocab"] * h + h) + 2 * layer,
+            "blocks": c["layers"] * per_block,
+            "final norm": n * h * (4 + 2 + 2) + 4 * n,
+            "loss": 3 * 4 * n * c["vocab"]}
+
+
+TT_TERMS_WHY = {
+    "shards": "lynx holds the fp32 gradient shard too (16 B/param) all iteration; torchtitan's are None until their "
+              "reduce-scatter",
+    "gathered": "lynx: FSDP2 as torchtitan 0.3 wraps it (the output layer its own unit, at its backward with its "
+                "gradients); the run's root unit (embedding + output) and last block stay gathered instead",
+    "blocks": "torchtitan's SAC caches wq's and w2's outputs, which no backward reads; lynx's keep set holds only "
+              "tensors a backward reads (it recomputes wq instead)",
+    "final norm": "",
+    "loss": "lynx holds log_softmax's saved output; its peak leaves out backward's transient gradients (the fp32 "
+            "logits gradients)",
+}
+
+
+def torchtitan_memory_terms(gpus: int) -> list[tuple[str, float, float, str]]:
+    """(term, torchtitan by hand GiB, lynx GiB, why they differ) of the run's peak, then the totals and the reserved
+    memory torchtitan prints."""
+    from lynx_planner import policy
+    from lynx_planner.parallel import fsdp
+
+    prof, ev = _torchtitan_run(gpus)
+    kept = {}
+    for i, layer in enumerate(prof.layers):
+        info = policy.analyse(prof.blocks[layer.block])
+        keep = frozenset(TT_SAC_KEEP) if "DecoderLayer" in layer.block else policy.none_keep(info)
+        kept[layer.block] = kept.get(layer.block, 0) + policy.cost(info, keep, policy.closure(info, keep)).kept_bytes
+    lynx = {"shards": prof.extra_static_bytes + sum(l.static_bytes for l in prof.layers),
+            "gathered": fsdp.transient_bytes(prof, list(range(len(prof.layers)))),
+            "blocks": kept["LlamaDecoderLayer"] + kept["Embedding"], "final norm": kept["LlamaRMSNorm"],
+            "loss": kept["Linear"]}
+    hand = torchtitan_memory_by_hand(gpus)
+    g = 2**30
+    out = [(k, hand[k] / g, lynx[k] / g, TT_TERMS_WHY[k]) for k in hand]
+    total = sum(hand.values()) / g
+    out.append(("allocated peak", total, ev.peak_bytes / g, "lynx: the simulator's peak (the terms' sum)"))
+    published = dict((n, m) for n, _, m in TT1)[gpus]
+    grads = hand["shards"] / 3 / g  # 4 of 12 bytes: what zero_grad returned to the allocator's cache
+    out.append(("reserved peak (printed)", published, ev.peak_bytes / g,
+                f"the allocator's cache over the allocated peak, not modelled: {published - total:.1f} GiB (of it "
+                f"{grads:.1f} GiB the gradient shards zero_grad freed)"))
+    return out
 
 
 def fit() -> None:
@@ -395,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
             bad += r.checked and not ok
             print(f"  {r.label:44s} {r.paper:9.3f} {r.lynx:9.3f} {r.ratio:10.3f}  {r.unit:8s} {flag}"
                   + (f"  ({r.note})" if r.note else ""))
+    if "torchtitan-1" in shown:
+        for gpus, _, _ in TT1:
+            print(f"\ntorchtitan-1 memory on {gpus} GPUs, term by term (GiB; torchtitan 9dec370's tensors by hand)")
+            print(f"  {'term':24s} {'torchtitan':>10s} {'lynx':>8s}")
+            for term, tt, ly, why in torchtitan_memory_terms(gpus):
+                print(f"  {term:24s} {tt:10.2f} {ly:8.2f}  {why}")
     if "narayanan-1" in shown:
         print("\n" + same_run_in_both(shown["narayanan-1"]))
     print(f"\n{bad} checked row(s) outside ±{TOLERANCE:.0%} (ratios ±{RATIO_TOLERANCE:.0%})")

@@ -1,5 +1,6 @@
 """Every shell block of the README and of docs/integrations.md runs as written, in order, in a fresh directory that
-sees the repository's files. Skipped, with the reason: the set-up block (CI has just installed lynx and is running
+sees the repository's files; so do those of docs/guide.md's FSDP / CP section (the rest of the guide repeats the
+README's commands or takes minutes). Skipped, with the reason: the set-up block (CI has just installed lynx and is running
 these tests) and blocks marked `<!-- slow: reason -->` (run them with LYNX_DOCS_SLOW=1)."""
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/integrations.md"]
-SHARED = ["examples", "profiles", "plans", "bench", "lynx_planner"]
+DOCS = ["README.md", "docs/integrations.md", "docs/guide.md#fsdp"]
+SECTIONS = {"fsdp": "## FSDP, HSDP and context parallelism"}  # doc#key: from that heading to the next "## "
+SHARED = ["examples", "profiles", "plans", "bench", "lynx_planner", "benchmarks"]
 
 
 def blocks(doc: str) -> list[tuple[str, str | None]]:
-    """(shell text, reason to skip or None) of each ```bash block, in order."""
-    text = (ROOT / doc).read_text()
+    """(shell text, reason to skip or None) of each ```bash block, in order (of one section: `doc#key`)."""
+    path, _, key = doc.partition("#")
+    text = (ROOT / path).read_text()
+    if key:
+        text = text[text.index(SECTIONS[key]):]
+        text = text[:text.find("\n## ", 1) % (len(text) + 1)]
     out = []
     for m in re.finditer(r"(<!-- slow: (?P<slow>[^>]*) -->\n)?```bash\n(?P<body>.*?)```", text, re.S):
         body = m.group("body")
@@ -33,6 +39,7 @@ def blocks(doc: str) -> list[tuple[str, str | None]]:
 
 def test_blocks_are_found():
     assert len(blocks("README.md")) >= 5 and len(blocks("docs/integrations.md")) >= 3
+    assert len(blocks("docs/guide.md#fsdp")) == 4
 
 
 @pytest.mark.parametrize("doc", DOCS)
