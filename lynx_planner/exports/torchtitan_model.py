@@ -58,6 +58,13 @@ FLAVORS: dict[tuple[str, str, str], dict] = {
         "moe": (256, 8, 2048, 2048, 3, "sigmoid", True, 2.5, 8, 4),
     },
 }
+# ModelSpec fields torchtitan's configs are matched on (shape below); any other field set in a profile's
+# architecture is refused (a feature such as a sliding window or MTP module no config here builds).
+HANDLED = {"schema_version", "name", "source", "family", "num_layers", "hidden", "heads", "kv_heads", "head_dim",
+           "ffn_hidden", "vocab", "norm", "mlp", "positions", "tie_embeddings", "qkv_bias", "qk_norm", "mla", "moe",
+           "rope_theta", "norm_eps", "notes"}  # notes: what lynx approximated, not a model field
+MOE_HANDLED = {"experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "shared_gate", "dense_layers",
+               "norm_topk_prob", "scoring", "n_group", "topk_group", "scaling"}
 # The families each torchtitan module builds (its attention, norms and MLP are theirs).
 MODULE_FAMILIES = {"llama3": ("llama",), "qwen3": ("qwen3", "qwen3_moe"), "deepseek_v3": ("deepseek_v3",)}
 # A measured profile's model is not known: the export names torchtitan's Llama 3 debug model, 6 layers deep.
