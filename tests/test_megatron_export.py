@@ -56,6 +56,8 @@ def windows(cfg: dict) -> list[int | None]:
         return [w if i % 2 == 0 else None for i in range(n)]
     if cfg["model_type"] in ("mistral", "phi3"):
         return [w] * n
+    if cfg["model_type"] == "qwen2" and cfg.get("use_sliding_window"):  # from max_window_layers on
+        return [w if i >= cfg["max_window_layers"] else None for i in range(n)]
     return [None] * n
 
 
@@ -145,6 +147,13 @@ CASES = {
     "deepseek-v3-5-layers-mtp": (hf("deepseek-v3", num_hidden_layers=5, num_nextn_predict_layers=1),
                                  dict(tp=2, pp=2, dp=2, ep=2, sequence_parallel=True, num_microbatches=4,
                                       seq_len=4096), "full"),
+    # windows: Mistral's on every layer; Qwen2's from max_window_layers on (a pattern that does not repeat)
+    "mistral-7b-window": (hf("llama3-8b", model_type="mistral", num_hidden_layers=4, sliding_window=4096,
+                             vocab_size=32000, rope_theta=10000.0),
+                          dict(tp=2, pp=2, num_microbatches=4, seq_len=8192), "none"),
+    "qwen2-window-layers": (hf("qwen2.5-72b", num_hidden_layers=6, use_sliding_window=True, sliding_window=2048,
+                               max_window_layers=2),
+                            dict(tp=8, pp=2, num_microbatches=4, seq_len=4096), "none"),
 }
 # The published configs (tests/data/hf) Megatron builds, each on a layout that fits (the others are refused by
 # name: test_published_families.py)
