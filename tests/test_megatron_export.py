@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import megatron_parser
 from lynx_planner import analytic, export, solvers
 from lynx_planner.cli import app
-from lynx_planner.io import dumps
+from lynx_planner.io import InputError, dumps
 from lynx_planner.models.catalog import HF_CONFIGS
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.models.hf_config import spec_from_hf
@@ -259,3 +259,26 @@ def test_a_field_without_a_megatron_flag_is_refused():
 
 
 runner = CliRunner()
+
+
+REFUSED = [  # (config.json, what the refusal names): features Megatron-core 0.19's GPTModel does not build
+    (json.loads((DATA / "olmo2-7b.json").read_text()), "norm_layout: 'post'"),
+    (json.loads((DATA / "gemma3-27b.json").read_text())["text_config"] | {"model_type": "gemma3_text"},
+     "norm_layout: 'sandwich'"),
+    (json.loads((DATA / "llama4-scout.json").read_text())["text_config"] | {"model_type": "llama4_text"},
+     "'chunked'"),
+    (hf("llama3-8b", num_hidden_layers=4, attention_bias=True), "but not on dense MLP"),
+    (json.loads((DATA / "deepseek-v2-lite.json").read_text()) | {"num_hidden_layers": 4, "n_group": 8,
+                                                                  "topk_group": 3,
+                                                                  "topk_method": "group_limited_greedy"},
+     "moe.n_group: 8"),
+]
+
+
+@pytest.mark.parametrize("cfg,named", REFUSED, ids=lambda x: x if isinstance(x, str) else x["model_type"])
+def test_what_megatron_does_not_build_is_refused_by_name(cfg, named):
+    prof = profile_of(cfg, tp=2, pp=2, num_microbatches=4, seq_len=1024, **({"dp": 2, "ep": 2} if
+                                                                              "n_group" in named else {}))
+    with pytest.raises(InputError, match="not exporting a different model") as err:
+        export.megatron(plan_of(prof), prof, "p.json")
+    assert named in str(err.value), str(err.value)
