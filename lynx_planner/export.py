@@ -114,8 +114,8 @@ def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronEx
     flags = [f"--tensor-model-parallel-size {par.tp}", f"--pipeline-model-parallel-size {par.pp}"]
     if par.sequence_parallel:
         flags.append("--sequence-parallel")
-    if par.ep > 1:
-        flags.append(f"--expert-model-parallel-size {par.ep}")
+    ep_flags, ep_notes = megatron_model.expert_flags(spec, par)
+    flags += ep_flags
     # (further parallel dimensions' flags go here, one function per dimension)
     flags += [f"--micro-batch-size {par.micro_batch_size}",
               f"--global-batch-size {par.micro_batch_size * par.num_microbatches * par.dp}",
@@ -149,14 +149,14 @@ def megatron(plan: Plan, profile: Profile, where: str = "profile") -> MegatronEx
         flags.append("--no-gradient-accumulation-fusion")
     flags += precision_flags(profile)
     if profile.attention == "flash":
-        flags.append("--attention-backend flash")
+        flags.append(f"--attention-backend {megatron_model.attention_backend(spec)}")
     flags += virtual_flags(profile, bounds) if par.virtual_stages > 1 else split_flags(profile, bounds)
     choices = _megatron_choices(profile, bounds, limit := plan.memory_limit_bytes)
     choices += [MegatronChoice(**c) for c in [offload.megatron_choice(plan, profile, bounds, limit)] if c]
     fitting = [c for c in choices if c.fits]
     best = min(fitting, key=lambda c: c.iteration_time_s) if fitting else None
     best = next((c for c in fitting if c.name.startswith("offload ")), best)  # an offload plan: its nearest offload
-    notes = (_not_expressible(plan, profile) + layout_notes(profile, bounds) + kernel_notes
+    notes = (_not_expressible(plan, profile) + layout_notes(profile, bounds) + kernel_notes + ep_notes
              + parallel.megatron_flags(par)[1] + offload.export_notes(plan, profile))
     if par.tp > 1 and not par.async_tp_allreduce:
         notes.append("the profile all-reduces TP input gradients after each GEMM's backward (async_tp_allreduce "
@@ -241,7 +241,8 @@ def _torchtitan_config(plan: Plan, profile: Profile, where: str) -> tuple[tuple[
     only where its depth is the plan's (torchtitan's pipeline split would otherwise drop layers)."""
     spec = architecture.spec_of(profile, where)
     if spec is not None:
-        architecture.unknown_fields(profile, megatron_model.HANDLED, megatron_model.MOE_HANDLED, "torchtitan", where)
+        architecture.unknown_fields(profile, torchtitan_model.HANDLED, torchtitan_model.MOE_HANDLED, "torchtitan",
+                                    where)
         module, config, notes = torchtitan_model.config_of(spec, where)
         return (module, config), notes
     if profile.model.source == "catalog":  # the catalog GPTs: every other catalog model records its architecture

@@ -18,9 +18,12 @@ MOE = ["--pp", 4, "--dp", 8, "--ep", 8]
 LAYOUT |= {name: MOE for name in ("glm4.5-air.json", "deepseek-v2-lite.json", "gpt-oss-120b.json",
                                   "llama4-scout.json", "qwen3-next-80b.json")}
 LAYOUT |= {name: ["--pp", 16, "--dp", 8, "--ep", 8] for name in ("kimi-k2.json", "deepseek-v3.json")}
-# (config, target) that export today; the others are refused, each naming what the target cannot build (MTP,
-# windows, sinks, post-norm, ... in Megatron's flags; torchtitan 0.3 has configs of a few shapes only)
-EXPORTS = {("kimi-k2.json", "megatron")}
+LAYOUT["gpt-oss-120b.json"] = MOE + ["--distributed-optimizer"]  # torchtitan draws its EP ranks from FSDP
+# (config, target) that export today; the others are refused, each naming what the target cannot build (post-norms,
+# tanh GeGLU, chunked attention in Megatron; torchtitan 0.3 has configs of a few shapes only)
+EXPORTS = {(name, "megatron") for name in ("kimi-k2.json", "deepseek-v3.json", "deepseek-v2-lite.json",
+                                           "glm4.5-air.json", "gpt-oss-120b.json", "phi3-mini-4k.json")} \
+    | {("gpt-oss-120b.json", "torchtitan")}
 _NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype",
                "quantization_config")
 

@@ -96,3 +96,42 @@ def test_ep_without_fsdp_ranks_is_refused():
     plan = solvers.plan(prof, "p.json", "0" * 64, "none", 1 << 50)
     with pytest.raises(InputError, match="expert parallelism"):
         export.torchtitan_args(plan, prof)
+
+
+def test_gpt_oss_exports_its_config_with_windows_sinks_and_biases(tmp_path):
+    """The published gpt-oss-120b config (alternating 128-token windows, sinks, biased attention, router and
+    experts, clamped SwiGLU) is torchtitan's gpt_oss_120b: named, and parsed back it is that model."""
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(__file__).parent / "data" / "hf" / "gpt-oss-120b.json").read_text())
+    spec = spec_from_hf(cfg, "gpt-oss-120b", "test")
+    r = export_run(tmp_path, spec, tp=2, pp=4, dp=8, ep=8, sequence_parallel=True, distributed_optimizer=True,
+                   num_microbatches=8, seq_len=4096)
+    assert r.exit_code == 0, r.output
+    args = args_of(r.stdout)
+    assert args[:4] == ["--module", "gpt_oss", "--config", "gpt_oss_120b"]
+    pytest.importorskip("torchtitan")
+    from torchtitan.config.manager import ConfigManager
+
+    config = ConfigManager().parse_args(args)
+    layers = config.model_spec.model.layers
+    assert [layer.attention.sliding_window_size for layer in layers] == \
+        [cfg["sliding_window"] if t == "sliding_attention" else None for t in cfg["layer_types"]]
+    assert layers[0].moe.routed_experts.inner_experts.swiglu_limit == cfg["swiglu_limit"]
+    assert config.parallelism.expert_parallel_degree == 16  # ep 8 x tp 2: torchtitan has no expert TP
+    parts = config.parallelism.module_fqns_per_model_part
+    assert [n for part in parts for n in part if n.startswith("layers.")] == [f"layers.{i}" for i in range(36)]
+
+
+def test_a_window_torchtitans_config_lacks_is_refused(tmp_path):
+    """gpt-oss with another window is not gpt_oss_120b: refused, never exported as torchtitan's."""
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(__file__).parent / "data" / "hf" / "gpt-oss-120b.json").read_text())
+    spec = spec_from_hf(cfg | {"sliding_window": 256}, "gpt-oss-120b", "test")
+    r = export_run(tmp_path, spec, tp=2, pp=4, dp=8, ep=8, sequence_parallel=True, distributed_optimizer=True,
+                   num_microbatches=8, seq_len=4096)
+    assert r.exit_code == 2 and "has no config" in r.output, r.output
+

@@ -1,5 +1,5 @@
-"""Each layer's role in Megatron's pipeline layout (E embedding, t decoder layer, L loss with the output layer; the
-final norm belongs to the loss stage) and the split flags built from the roles.
+"""Each layer's role in Megatron's pipeline layout (E embedding, t decoder layer, m multi-token-prediction module, L
+loss with the output layer; the final norm belongs to the loss stage) and the split flags built from the roles.
 
 Megatron's layout validation (megatron/core/transformer/pipeline_parallel_layer_layout.py) wants the embedding first
 and once, the loss last and once, and exactly num_layers decoder layers, every decoder layer a `t` whatever its MLP
@@ -13,10 +13,16 @@ import re
 from ..layouts import CONVENTIONS, role
 from ..schema import Profile
 
-EMBEDDING, DECODER, NORM, LOSS, OTHER = "E", "t", "norm", "L", "other"
+EMBEDDING, DECODER, MTP, NORM, LOSS, OTHER = "E", "t", "m", "norm", "L", "other"
 
 
 def roles(profile: Profile) -> list[str]:
+    """Each layer's role (_roles); a multi-token-prediction module (DeepSeek-V3's, after the decoder layers, named as
+    one of them in Hugging Face's layout) is Megatron's `m`."""
+    return [MTP if layer.block.endswith("MTPLayer") else r for layer, r in zip(profile.layers, _roles(profile))]
+
+
+def _roles(profile: Profile) -> list[str]:
     """Each layer's role: by the naming convention its layer names follow (lynx, Hugging Face, torchtitan, ...),
     else by position: the decoder layers are those named like the most common block's layers (`prefix.N`), the
     layers before them the embedding (the first one), after them the final norm and the output layer (the last)."""
@@ -53,21 +59,23 @@ def decoder_counts(profile: Profile, bounds: list[int]) -> list[int]:
 
 
 def ends_in_place(profile: Profile, bounds: list[int]) -> bool:
-    """The embedding on the first stage and the final norm and loss on the last, as Megatron's own splits have them."""
+    """The embedding on the first stage and the MTP modules, final norm and loss on the last, as Megatron's own
+    splits have them."""
     r = roles(profile)
     return all(r[i] != EMBEDDING for i in range(bounds[1], len(r))) and \
-        all(r[i] not in (NORM, LOSS) for i in range(bounds[-2]))
+        all(r[i] not in (MTP, NORM, LOSS) for i in range(bounds[-2]))
 
 
 def layout_flag(profile: Profile, bounds: list[int]) -> list[str]:
-    """`--pipeline-model-parallel-layout`: each (virtual) stage's layers, E embedding, t decoder layer, L loss."""
+    """`--pipeline-model-parallel-layout`: each (virtual) stage's layers, E embedding, t decoder layer, m MTP
+    module, L loss."""
     r = roles(profile)
     stages = []
     for s in range(len(bounds) - 1):
         runs: list[list] = []
         for i in range(bounds[s], bounds[s + 1]):
             tok = r[i]
-            if tok not in (EMBEDDING, DECODER, LOSS):
+            if tok not in (EMBEDDING, DECODER, MTP, LOSS):
                 continue  # the final norm goes with the loss (layout_notes); other modules hold no layer
             if runs and runs[-1][0] == tok:
                 runs[-1][1] += 1

@@ -57,9 +57,30 @@ FLAVORS: dict[tuple[str, str, str], dict] = {
         "tied": False, "mla": (1536, 512, 128, 64, 128), "ffn": 18432,
         "moe": (256, 8, 2048, 2048, 3, "sigmoid", True, 2.5, 8, 4),
     },
+    ("gpt_oss", "gpt_oss_20b", "20b"): {
+        "layers": 24, "hidden": 2880, "vocab": 201088, "heads": 64, "rope_theta": 150000.0, "rope_scaling": "yarn",
+        "tied": False, "kv_heads": 8, "head_dim": 64, "qk_norm": False,
+        "moe": (32, 4, 2880, 0, 0, "softmax", True, 1.0, 1, 1), "windows": (128, None) * 12, "sinks": True,
+        "attention_bias": (True, True), "expert_bias": True, "swiglu_limit": 7.0,
+    },
+    ("gpt_oss", "gpt_oss_120b", "120b"): {
+        "layers": 36, "hidden": 2880, "vocab": 201088, "heads": 64, "rope_theta": 150000.0, "rope_scaling": "yarn",
+        "tied": False, "kv_heads": 8, "head_dim": 64, "qk_norm": False,
+        "moe": (128, 4, 2880, 0, 0, "softmax", True, 1.0, 1, 1), "windows": (128, None) * 18, "sinks": True,
+        "attention_bias": (True, True), "expert_bias": True, "swiglu_limit": 7.0,
+    },
 }
+# ModelSpec fields torchtitan's configs are matched on (shape below); any other field set in a profile's
+# architecture is refused (a feature such as a sliding window or MTP module no config here builds).
+HANDLED = {"schema_version", "name", "source", "family", "num_layers", "hidden", "heads", "kv_heads", "head_dim",
+           "ffn_hidden", "vocab", "norm", "mlp", "positions", "tie_embeddings", "qkv_bias", "qk_norm", "mla", "moe",
+           "rope_theta", "norm_eps", "layer_types", "window", "chunk", "attention_sinks", "o_bias", "swiglu_limit",
+           "notes"}  # notes: what lynx approximated, not a model field
+MOE_HANDLED = {"experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "shared_gate", "dense_layers",
+               "norm_topk_prob", "scoring", "n_group", "topk_group", "scaling", "bias"}
 # The families each torchtitan module builds (its attention, norms and MLP are theirs).
-MODULE_FAMILIES = {"llama3": ("llama",), "qwen3": ("qwen3", "qwen3_moe"), "deepseek_v3": ("deepseek_v3",)}
+MODULE_FAMILIES = {"llama3": ("llama",), "qwen3": ("qwen3", "qwen3_moe"), "deepseek_v3": ("deepseek_v3",),
+                   "gpt_oss": ("gpt_oss",)}
 # A measured profile's model is not known: the export names torchtitan's Llama 3 debug model, 6 layers deep.
 DEBUG = ("llama3", "llama3_debugmodel")
 DEBUG_LAYERS = 6
@@ -80,14 +101,23 @@ def shape(spec: ModelSpec) -> dict:
     if moe is not None:
         out["moe"] = (moe.experts, moe.top_k, moe.expert_ffn, moe.shared_ffn, moe.dense_layers, moe.scoring,
                       moe.norm_topk_prob, float(moe.scaling), moe.groups, moe.group_topk)
+    # the features of gpt-oss's module, present only where set (the other flavors' shapes stay as they were)
+    if spec.layer_types is not None:  # each layer's window (keys a query sees, itself included), None: full
+        out["windows"] = tuple({"full": None, "sliding": spec.window}.get(k, f"{k} {spec.chunk}")
+                               for k in spec.layer_types)
+    if spec.attention_sinks:
+        out["sinks"] = True
+    if spec.qkv_bias or spec.o_bias:
+        out["attention_bias"] = (spec.qkv_bias, spec.o_bias)
+    if moe is not None and moe.bias:
+        out["expert_bias"] = True  # the router's and every expert projection's
+    if spec.swiglu_limit is not None:
+        out["swiglu_limit"] = spec.swiglu_limit
     return out
 
 
 def config_of(spec: ModelSpec, where: str) -> tuple[str, str, list[str]]:
     """(module, config function, notes) of the torchtitan config that builds `spec`'s model, or an InputError."""
-    if spec.qkv_bias:
-        raise InputError(f"{where}: field model.architecture.qkv_bias: torchtitan 0.3's configs build no model with "
-                         "q/k/v biases; not exporting a different model")
     want = shape(spec)
     for (module, config, flavor), got in FLAVORS.items():
         if spec.family in MODULE_FAMILIES[module] and {k: v for k, v in got.items() if k != "rope_scaling"} == want:

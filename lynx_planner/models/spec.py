@@ -138,6 +138,8 @@ class ModelSpec(_Spec):
     qk_l2_norm: bool = Field(False, description="a weightless L2 norm on q and k after rotary (Llama 4)")
     nope_layers: tuple[int, ...] = Field((), description="layers without rotary (Llama 4's NoPE layers: full "
                                          "attention, temperature-scaled queries)")
+    swiglu_limit: float | None = Field(None, gt=0, description="gpt-oss's clamp of the gated MLP's inputs (the gate "
+                                       "at most, the linear half within +-limit); recorded for exports")
     notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
     # Not sizes, but part of the model an export must build (None: the config does not say; transformers' default)
     rope_theta: float | None = Field(None, gt=0, description="rotary base (rotary positions)")

@@ -38,7 +38,9 @@ def read(f, model_type: str) -> dict:
     kw["moe"] = MoESpec(experts=experts, top_k=f.get("num_experts_per_tok"), expert_ffn=expert_ffn,
                         shared_experts=n_shared, shared_ffn=n_shared * expert_ffn,
                         dense_layers=f.get("first_k_dense_replace", 0),
-                        norm_topk_prob=f.get("norm_topk_prob", False, bool), n_group=n_group, topk_group=topk_group)
+                        norm_topk_prob=f.get("norm_topk_prob", False, bool),
+                        # the groups only where routing uses them (greedy top-k ignores n_group): exports read them
+                        **(dict(n_group=n_group, topk_group=topk_group) if method == "group_limited_greedy" else {}))
     kw["mla"] = MLASpec(q_lora_rank=f.get("q_lora_rank", required=False) or None,
                         kv_lora_rank=f.get("kv_lora_rank"), qk_rope_head_dim=f.get("qk_rope_head_dim"),
                         qk_nope_head_dim=f.get("qk_nope_head_dim"), v_head_dim=f.get("v_head_dim"))

@@ -23,11 +23,11 @@ def read(f, model_type: str) -> dict:
     kinds = layer_types(f, n) if f.has("layer_types") else \
         tuple("sliding" if i % 2 == 0 else "full" for i in range(n))  # transformers' default alternation
     window = f.get("sliding_window", 128)
-    f.get("swiglu_limit", 7.0, kind=float, required=False)  # a clamp: same ops whatever the limit
+    limit = f.get("swiglu_limit", 7.0, kind=float, required=False)  # a clamp: same ops whatever the limit
     kw["moe"] = MoESpec(experts=f.get("num_local_experts"), top_k=f.get("num_experts_per_tok"),
                         expert_ffn=kw["ffn_hidden"], bias=True)
     bias = f.get("attention_bias", True, bool)
-    return kw | dict(qkv_bias=bias, o_bias=bias, attention_sinks=True, layer_types=kinds,
+    return kw | dict(qkv_bias=bias, o_bias=bias, attention_sinks=True, layer_types=kinds, swiglu_limit=float(limit),
                      window=window if kinds and "sliding" in kinds else None)
 
 
