@@ -43,7 +43,8 @@ def link(repeats: int) -> dict:
 
     got = measure_link(repeats)
     print(f"host link: device-to-host {got['host_d2h_bytes_per_s'] / 1e9:.1f} GB/s, host-to-device "
-          f"{got['host_h2d_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB copies)")
+          f"{got['host_h2d_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB copies), "
+          f"{got['host_copy_latency_s'] * 1e6:.1f} us per copy (a 4 KiB copy)")
     return got
 
 

@@ -17,10 +17,10 @@ from tests.conftest import lynx, small_profile
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def with_link(profile: Profile, gbs: float, pinned: int = 1 << 40) -> Profile:
+def with_link(profile: Profile, gbs: float, pinned: int = 1 << 40, latency: float = 0.0) -> Profile:
     hw = profile.hardware.model_copy(update={"host_link": "pcie4-x16", "host_d2h_bytes_per_s": gbs * 1e9,
                                              "host_h2d_bytes_per_s": gbs * 1e9, "pinned_host_bytes": pinned,
-                                             "host_link_shared_with_nic": False})
+                                             "host_link_shared_with_nic": False, "host_copy_latency_s": latency})
     return profile.model_copy(update={"hardware": hw})
 
 
@@ -48,6 +48,9 @@ def test_catalog_hardware_keeps_its_bytes_and_gets_its_link_by_name():
     assert link.kind == "pcie5-x16" and link.d2h_bytes_per_s == 55.6e9 and link.shared_with_nic
     a100 = offload.host_link(HARDWARE["a100-80g-nvlink"])
     assert a100.kind == "pcie4-x16" and 25e9 < a100.h2d_bytes_per_s < 31.5e9  # measured share of the datasheet rate
+    assert 5e-6 <= link.latency_s <= 7e-6  # DualPath's measured 5-7 us per cudaMemcpyAsync
+    # a hardware file's own latency wins, 0 included
+    assert offload.host_link(hw.model_copy(update={"host_copy_latency_s": 0.0})).latency_s == 0.0
 
 
 def test_hardware_file_fields_win_and_a_cpu_has_nothing_to_offload_to():
@@ -82,15 +85,18 @@ def _fwd_bwd(profile: Profile, i: int) -> tuple[float, float]:
 
 def test_a_slow_link_stalls_the_backward_by_hand():
     """One micro-batch, one stage, tp 1: layer 2's copy out starts when its forward ends and its copy back when
-    backward enters layer 3 (after both copies' queue); layer 2's backward waits for it."""
-    prof = with_link(small_profile(tp=1, pp=1, m=1, dropout=0.0), gbs=0.05)
+    backward enters layer 3 (after both copies' queue); layer 2's backward waits for it. Each tensor is one copy and
+    pays the link's fixed latency (1 ms here) each way."""
+    prof = with_link(small_profile(tp=1, pp=1, m=1, dropout=0.0), gbs=0.05, latency=1e-3)
     j, n = 2, len(prof.layers)
     nbytes = layer_bytes(prof, j)
+    copies = 1 + len(ev.none_policy(prof, j).keep)  # the input and every kept unit
     f = [_fwd_bwd(prof, i)[0] for i in range(n)]
     b = [_fwd_bwd(prof, i)[1] for i in range(n)]
-    out_end = sum(f[:j + 1]) + nbytes / 0.05e9
+    one_way = copies * 1e-3 + nbytes / 0.05e9
+    out_end = sum(f[:j + 1]) + one_way
     enter_above = sum(f) + sum(b[j + 2:])  # backward starts when the forward ends (one stage)
-    back_end = max(enter_above, out_end) + nbytes / 0.05e9
+    back_end = max(enter_above, out_end) + one_way
     stall = back_end - (sum(f) + sum(b[j + 1:]))
     base = ev.evaluate(prof, offloading(prof, []))
     got = ev.evaluate(prof, offloading(prof, [j]))
@@ -98,7 +104,7 @@ def test_a_slow_link_stalls_the_backward_by_hand():
     assert st.offload_stall_s == pytest.approx(stall, rel=1e-9)
     assert got.predicted.iteration_time_s - base.predicted.iteration_time_s == pytest.approx(stall, rel=1e-9)
     assert st.offloaded_bytes == nbytes and st.host_peak_bytes == nbytes
-    assert st.link_busy_s == pytest.approx(nbytes / 0.05e9)
+    assert st.link_busy_s == pytest.approx(one_way)
     # the copy out has not ended when the forward does: the device still holds the layer at the peak
     assert st.activation_bytes == base.predicted.stages[0].activation_bytes
 
