@@ -279,3 +279,57 @@ def test_export_round_trips_megatron_offload_modules(tmp_path):
     assert "--fine-grained-activation-offloading" in r.output and "--offload-modules core_attn attn_proj" in r.output
     r = lynx("export", str(out), "--to", "torchtitan")
     assert r.exit_code == 0 and "torchtitan 0.3 offloads only parameters" in r.output
+
+
+# ------------------------------------------------------------------------------------------ the link as bottleneck
+
+@pytest.fixture(scope="module")
+def gen4_long(tmp_path_factory):
+    """llama3-8b at seq 16384 on an H100 behind a PCIe 4.0 host link (benchmarks/offload_cases.py, case B)."""
+    from benchmarks.offload_cases import gen4_h100
+
+    d = tmp_path_factory.mktemp("gen4")
+    hw, path = d / "hw.json", d / "p.json"
+    hw.write_text(dumps(gen4_h100()))
+    r = lynx("profile", "llama3-8b", "-o", path, "--hardware", hw, "--seq-len", "16384", "--dp", "8",
+             "--num-microbatches", "2")
+    assert r.exit_code == 0, r.output
+    return path
+
+
+def test_a_link_bound_plan_offloads_what_the_window_carries_and_recomputes_the_rest(gen4_long, tmp_path):
+    prof = load_model(gen4_long, Profile)
+    limit = 75 << 30
+    got = solvers.solve(prof, "heu-offload", limit).evaluation.predicted.stages[0]
+    link = offload.rank_link(prof)
+    fwd = sum(op.fwd_s for l in prof.layers for op in prof.blocks[l.block].ops)
+    # what leaves fits in one forward window, and recomputation is still exposed: memory asks for more than that
+    assert 0 < got.offloaded_bytes / link.d2h_bytes_per_s < fwd
+    assert got.exposed_recompute_s > 0.2 and got.offload_stall_s == 0.0
+    # the link is what bounds it: with twice the bandwidth the same search offloads more and recomputes less
+    fast = with_link(prof, gbs=2 * link.d2h_bytes_per_s / 1e9, latency=link.latency_s)
+    more = solvers.solve(fast, "heu-offload", limit).evaluation.predicted.stages[0]
+    assert more.offloaded_bytes > 1.5 * got.offloaded_bytes and more.exposed_recompute_s < got.exposed_recompute_s
+
+
+def test_check_rejects_a_link_bound_plan_edited_to_offload_more(gen4_long, tmp_path):
+    """Hand-edit: every layer that recomputes keeps all and offloads what it recomputed (twice what the window
+    carries). The fresh simulation stalls the backward on late prefetches; `lynx check` says so and exits 1."""
+    from lynx_planner.solvers.offload import offloaded_instead
+
+    out = tmp_path / "plan.json"
+    assert lynx("plan", gen4_long, "--algo", "heu-offload", "--memory-limit", "75GiB", "-o", out).exit_code == 0
+    plan = load_model(out, Plan)
+    prof = load_model(gen4_long, Profile)
+    data = json.loads(out.read_text())
+    for st, st_json in zip(plan.stages, data["stages"]):
+        st_json["policies"] = [json.loads(offloaded_instead(prof, p).model_copy(update={"layers": p.layers}).model_dump_json(
+            exclude_defaults=True))
+                               if p.recompute else st_json["policies"][j] for j, p in enumerate(st.policies)]
+    out.write_text(json.dumps(data))
+    r = lynx("check", out)
+    assert r.exit_code == 1
+    assert "does not carry the offloaded tensors in time" in r.output
+    sim = ev.verify(load_model(out, Plan), prof).evaluation.predicted
+    assert sim.stages[0].offload_stall_s > 0.05  # the stall is in the simulation, and in its iteration time
+    assert sim.iteration_time_s > plan.predicted.iteration_time_s
