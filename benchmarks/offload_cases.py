@@ -10,7 +10,7 @@ B. The link as the bottleneck: the same model at seq 16384 on an H100 in a PCIe 
    copies of one forward window carry about 12 GiB, the limit asks for far more: HEU with offload sends what the
    window carries and recomputes the rest. The row "heu-offload, Gen5 link" plans the same profile with the H100's
    PCIe 5.0 link (55.6 GB/s): it offloads more, so the link, not memory, bounds the offload at Gen4.
-For each: HEU with offload (heu-offload), HEU without, Megatron full and selective recomputation, Megatron's
+For each: OPT with offload (opt-offload), HEU with offload (heu-offload), HEU without, Megatron full and selective recomputation, Megatron's
 fine-grained offloading as its docs advise (offload) and torch save_on_cpu (full-offload): iteration time, peak memory,
 offloaded GiB per micro-batch, host-link utilisation (the busier direction's copy seconds over the iteration), the
 backward's stalls on late prefetches and the exposed recomputation; "D2H / fwd" is a micro-batch's offloaded bytes over the
@@ -31,7 +31,7 @@ from lynx_planner.evaluate import check
 from lynx_planner.io import dumps, file_sha256, load_model, write_atomic
 from lynx_planner.schema import Profile
 
-ALGOS = ("heu-offload", "heu", "full", "selective", "offload", "full-offload")
+ALGOS = ("opt-offload", "heu-offload", "heu", "full", "selective", "offload", "full-offload")
 CASES = {
     "A: llama3-8b, H100 PCIe 5.0, seq 8192": ["llama3-8b", "--hardware", "h100-80g-nvlink", "--seq-len", "8192",
                                               "--dp", "8"],
