@@ -6,16 +6,16 @@ A. llama3-8b on one H100 (h100-80g-nvlink: PCIe 5.0 x16, 55.6 GB/s measured), se
    distributed optimizer (ZeRO-1: the per-GPU view of an 8-GPU data-parallel job), 75.8 GiB usable: memory forces
    recomputation and the host link has spare bandwidth.
 B. The link as the bottleneck: the same model at seq 16384 on an H100 in a PCIe 4.0 host (a Gen5 card in a Gen4 server:
-   26.8 / 26.2 GB/s D2H / H2D, the catalog's measured Gen4 figures; the hardware file is written under --out). The
-   copies of one forward window carry about 12 GiB, the limit asks for far more: HEU with offload sends what the
-   window carries and recomputes the rest. The row "heu-offload, Gen5 link" plans the same profile with the H100's
-   PCIe 5.0 link (55.6 GB/s): it offloads more, so the link, not memory, bounds the offload at Gen4.
-For each: OPT with offload (opt-offload), HEU with offload (heu-offload), HEU without, Megatron full and selective recomputation, Megatron's
-fine-grained offloading as its docs advise (offload) and torch save_on_cpu (full-offload): iteration time, peak memory,
-offloaded GiB per micro-batch, host-link utilisation (the busier direction's copy seconds over the iteration), the
-backward's stalls on late prefetches and the exposed recomputation; "D2H / fwd" is a micro-batch's offloaded bytes over the
-device-to-host bandwidth, over its forward's compute seconds: the share of the forward
-window the copies fill. Each plan is written under --out and passes
+   26.8 / 26.2 GB/s D2H / H2D, the catalog's measured Gen4 figures; the hardware file is written under --out). One
+   forward window's copies carry far less than the limit asks to leave: the offload plans send what the window
+   carries and recompute the rest. The row "heu-offload, Gen5 link" plans the same profile with the H100's PCIe 5.0
+   link (55.6 GB/s): it offloads more, so the link, not memory, bounds the offload at Gen4.
+For each: OPT with offload (opt-offload), HEU with offload (heu-offload), HEU without, Megatron full and selective
+recomputation, Megatron's fine-grained offloading as its docs advise (offload) and torch save_on_cpu (full-offload):
+iteration time, peak memory, offloaded GiB per micro-batch, host-link utilisation (the busier direction's copy seconds
+over the iteration), "D2H / fwd" (a micro-batch's offloaded bytes over the device-to-host bandwidth, over its
+forward's compute seconds: the share of the forward window the copies fill), the backward's stalls on late prefetches
+and the exposed recomputation. Each plan is written under --out and passes
 `lynx check`. Deterministic: the figures are simulated, not timed (only the search times, not shown, are).
 """
 
@@ -114,8 +114,8 @@ def main() -> None:
                        stdout=subprocess.DEVNULL)
         profile = load_model(path, Profile)
         print(f"\n{name}, {args.microbatches} micro-batches, limit 75.80 GiB")
-        print("| plan | iteration s | vs full | peak GiB | fits | offloaded GiB/mb | link busy | D2H / fwd | stall ms | "
-              "exposed recompute ms |")
+        print("| plan | iteration s | vs full | peak GiB | fits | offloaded GiB/mb | link busy | D2H / fwd | "
+              "stall ms | exposed recompute ms |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         extra = None
         if "{gen4}" in CASES[name]:

@@ -323,8 +323,8 @@ def test_check_rejects_a_link_bound_plan_edited_to_offload_more(gen4_long, tmp_p
     prof = load_model(gen4_long, Profile)
     data = json.loads(out.read_text())
     for st, st_json in zip(plan.stages, data["stages"]):
-        st_json["policies"] = [json.loads(offloaded_instead(prof, p).model_copy(update={"layers": p.layers}).model_dump_json(
-            exclude_defaults=True))
+        st_json["policies"] = [json.loads(offloaded_instead(prof, p).model_copy(update={"layers": p.layers})
+                                          .model_dump_json(exclude_defaults=True))
                                if p.recompute else st_json["policies"][j] for j, p in enumerate(st.policies)]
     out.write_text(json.dumps(data))
     r = lynx("check", out)

@@ -125,8 +125,8 @@ class HostLink:
 # - PCIe 3.0 x16: CUDA bandwidthTest, pinned, 32 MiB, on a Tesla P100-PCIE-16GB bound to its own socket: H2D 12.15,
 #   D2H 12.89 GB/s (mpicbg-scicomp/gearshifft pull request 82, 2017).
 # - PCIe 4.0 x16: nvbandwidth host_to_device_memcpy_ce / device_to_host_memcpy_ce on eight Gen4 x16 GPUs of one
-#   node, medians 26.2 / 26.8 GB/s (RTX 4090s, NVIDIA/nvbandwidth issue 15, 2024); BaM (Qureshi et al., ASPLOS 2023) measured
-#   25 GB/s peak on an A100's Gen4 x16 (ZaidQureshi/bam issue 54). The card differs from the A100, the link does not.
+#   node (RTX 4090s), medians 26.2 / 26.8 GB/s (NVIDIA/nvbandwidth issue 15, 2024); BaM (Qureshi et al., ASPLOS
+#   2023) measured 25 GB/s peak on an A100's Gen4 x16 (ZaidQureshi/bam issue 54). The card differs, the link does not.
 # - PCIe 5.0 x16: nvbandwidth host_to_device_memcpy_ce 55.6 GB/s on an H100 (the example in the NVbandwidth tutorial
 #   after NVIDIA's technical blog 'Understanding NVbandwidth', 2025); device-to-host not published there: taken equal.
 # Not measured here: `lynx hardware calibrate` on the target machine replaces them.

@@ -16,14 +16,14 @@ of the stages (Checkmate).
 
 Offload (OPT with offload, given the rank's host link): a layer below the stage's top may instead keep everything and
 offload what one of its candidates does not keep (on the device it holds what that candidate holds, and recomputes
-nothing), or take a candidate and offload what it keeps (recomputing the rest on demand): `Offloaded`. What the model states of the copy engine: a micro-batch's copies out (bytes over the
-device-to-host bandwidth plus each copy's fixed latency) fit in the stage's forward compute after its lowest
-layer's, and its copies back in
-its backward (so the queues keep up, micro-batch after micro-batch, and copies out end about when the forward does),
-and a layer's copy back within the backward of the layer above (it is prefetched one layer ahead);
-the largest offloaded layer is counted on the device at the peak (its copy out not yet ended, or its copy back
-begun); the in-flight micro-batches' offloaded bytes fit in pinned host memory. It does not state where in the
-forward each copy ends (the queue's exact timing): the simulator does, and judges the plan.
+nothing), or take a candidate and offload what it keeps (recomputing the rest on demand): `Offloaded`. What the model
+states of the copy engine: a micro-batch's copies out (bytes over the device-to-host bandwidth plus each copy's fixed
+latency) fit in the stage's forward compute after its lowest layer's, and its copies back in its backward (so the
+queues keep up, micro-batch after micro-batch, and copies out end about when the forward does); a layer's copy back
+fits in the backward of the layer above (it is prefetched one layer ahead); the largest offloaded layer is counted on
+the device at the peak (its copy out not yet ended, or its copy back begun); the in-flight micro-batches' offloaded
+bytes fit in pinned host memory. It does not state where in the forward each copy ends (the queue's exact timing):
+the simulator does, and judges the plan.
 """
 
 from __future__ import annotations
