@@ -394,3 +394,30 @@ def test_opt_offload_needs_a_host_link(tmp_path):
     r = lynx("plan", path, "--algo", "opt-offload", "-o", tmp_path / "plan.json")
     assert r.exit_code == 2 and "no host link" in r.output
     assert not (tmp_path / "plan.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------------ lynx tune
+
+TUNE = ("tune", "gpt-1.3b", "--gpus", "1", "--global-batch", "8", "--seq-len", "8192", "--memory-limit", "26GiB",
+        "--json")
+
+
+def test_tune_plans_offload_where_the_hardware_has_a_host_link(tmp_path):
+    """At 26 GiB HEU recomputes on every layout; over the A100's PCIe link HEU with offload wins the table, and
+    --out writes its plan, which checks. The same hardware with no host link gets no offload rows."""
+    out = tmp_path / "out"
+    r = lynx(*TUNE, "--hardware", "a100-40g-nvlink", "--out", out)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("["):])
+    fits = [row for row in rows if row["fits"]]
+    assert fits[0]["algo"] == "heu-offload"
+    heu = next(row for row in fits if row["algo"] == "heu" and all(row[k] == fits[0][k] for k in
+                                                                     ("tp", "pp", "dp", "micro_batch_size")))
+    assert fits[0]["iteration_time_s"] < heu["iteration_time_s"]
+    assert json.loads((out / "plan.json").read_text())["algo"] == "heu-offload"
+    assert lynx("check", out / "plan.json").exit_code == 0
+    hw = tmp_path / "hw.json"
+    hw.write_text(dumps(HARDWARE["a100-40g-nvlink"].model_copy(update={"host_link": "none"})))
+    r = lynx(*TUNE, "--hardware", hw)
+    assert r.exit_code == 0, r.output
+    assert not any(row["algo"] == "heu-offload" for row in json.loads(r.output[r.output.index("["):]))
