@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_check.py [--layers 8] [--hidden 1024] [--seq-len 4096] [--batch 2] [--repeats 5]
 
-1. Host link: pinned device-to-host and host-to-device copy bandwidth (offload.measure_link, CUDA events).
+1. Host link: pinned device-to-host and host-to-device copy bandwidth and the fixed cost of one copy
+   (offload.measure_link, CUDA events).
 2. Overlap: a bf16 GEMM loop alone, a 1 GiB device-to-host copy alone, then both at once (the copy on its own stream):
    overlap = (GEMMs + copy - both) / the shorter of the two (1: the copy hides entirely behind the GEMMs).
 3. A small Llama (examples/hf_llama.py, bf16) profiled by measurement on this GPU, with the host link just measured;
