@@ -2,17 +2,19 @@
 
     python benchmarks/gpu_check.py [--layers 8] [--hidden 1024] [--seq-len 4096] [--batch 2] [--repeats 5]
 
-1. Host link: pinned device-to-host and host-to-device copy bandwidth (offload.measure_link, CUDA events).
+1. Host link: pinned device-to-host and host-to-device copy bandwidth and the fixed cost of one copy
+   (offload.measure_link, CUDA events).
 2. Overlap: a bf16 GEMM loop alone, a 1 GiB device-to-host copy alone, then both at once (the copy on its own stream):
    overlap = (GEMMs + copy - both) / the shorter of the two (1: the copy hides entirely behind the GEMMs).
 3. A small Llama (examples/hf_llama.py, bf16) profiled by measurement on this GPU, with the host link just measured;
-   plans none, full, heu-offload and full-offload under a memory limit 40% of the way from full recomputation's peak
+   plans none, full, heu-offload, opt-offload and full-offload under a memory limit 40% of the way from full recomputation's peak
    to none's; each applied with lynx_planner.apply_plan and run for real (micro-batches forward and backward, no
    optimizer step, as the simulated iteration without optimizer_step): predicted vs measured iteration time, and the
    plan's peak (static + activations) vs torch.cuda.max_memory_allocated.
 Runs in about 2-4 minutes on an H100 at the defaults. On a machine without CUDA it prints why and exits 2
-(`--smoke-cpu` runs step 3 alone on the CPU with host-to-host copies and the H100's catalog link, tiny: a test of the
-script's code paths whose figures mean nothing).
+(`--smoke-cpu` runs step 3 alone on the CPU with host-to-host copies and the H100's catalog link: a test of the
+script's code paths whose figures mean nothing; give it small sizes: `--smoke-cpu --layers 2 --hidden 256 --seq-len
+256 --batch 1 --microbatches 2 --repeats 1`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def link(repeats: int) -> dict:
 
     got = measure_link(repeats)
     print(f"host link: device-to-host {got['host_d2h_bytes_per_s'] / 1e9:.1f} GB/s, host-to-device "
-          f"{got['host_h2d_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB copies)")
+          f"{got['host_h2d_bytes_per_s'] / 1e9:.1f} GB/s (pinned, 256 MiB copies), "
+          f"{got['host_copy_latency_s'] * 1e6:.1f} us per copy (a 4 KiB copy)")
     return got
 
 
@@ -116,9 +119,10 @@ def plans(args, measured: dict, device: str = "cuda") -> None:
           f"none {none / 2**30:.2f})")
     print(f"{'plan':<14}{'predicted s':>12}{'measured s':>12}{'pred GiB':>10}{'meas GiB':>10}{'offl MiB/mb':>12}"
           f"{'sent MiB/mb':>12}{'stall ms':>10}")
-    for algo in ("none", "full", "heu-offload", "full-offload"):
+    for algo in ("none", "full", "heu-offload", "opt-offload", "full-offload"):
+        limited = algo in ("heu-offload", "opt-offload")
         try:
-            plan = solvers.plan(profile, "profile.json", sha, algo, limit if algo == "heu-offload" else 1 << 60)
+            plan = solvers.plan(profile, "profile.json", sha, algo, limit if limited else 1 << 60, time_limit=20.0)
         except solvers.Infeasible as e:
             print(f"{algo:<14} {e}")
             continue

@@ -190,7 +190,8 @@ def plan_cmd(
     algo: Annotated[str, typer.Option(
         help="heu (Lynx heuristic), opt (Lynx MILP), none, full, selective, uniform, block (Megatron-LM), "
              "checkmate, adapipe; offloading to host memory: heu-offload (HEU trading recomputation for offload "
-             "where the host link carries it), offload (Megatron's fine-grained activation offloading), "
+             "where the host link carries it), opt-offload (OPT's MILP with offload as a third choice), offload "
+             "(Megatron's fine-grained activation offloading), "
              "full-offload (torch save_on_cpu / Transformer Engine layer offload).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the plan JSON.")],
     memory_limit: MemoryLimit = None,

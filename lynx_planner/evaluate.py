@@ -173,7 +173,7 @@ TIME_RTOL = 1e-6
 TIME_ATOL_S = 1e-9
 # HiGHS's relative MIP gap (solvers/milp.py REL_GAP; a test keeps the two equal): what `optimal` may claim at most.
 SOLVER_REL_GAP = 1e-4
-MILP_ALGOS = ("opt", "checkmate", "adapipe")  # the algorithms that can prove a status other than `heuristic`
+MILP_ALGOS = ("opt", "checkmate", "adapipe", "opt-offload")  # those that can claim a status other than `heuristic`
 
 
 @dataclass
@@ -224,6 +224,8 @@ def _check_header(plan: Plan, profile: Profile) -> list[str]:
         out.append(f"solver.name {sv.name!r} is not the plan's algo {plan.algo!r}")
     if plan.algo not in MILP_ALGOS and sv.status != "heuristic":
         out.append(f"solver.status {sv.status!r}: {plan.algo!r} is a heuristic and proves nothing")
+    if plan.algo == "opt-offload" and sv.status == "optimal":  # solvers/opt.py: its model restricts the offload
+        out.append("solver.status 'optimal': opt-offload's MILP restricts what a layer may offload and proves no optimum")
     if sv.status == "heuristic" and (sv.gap is not None or sv.bound_s is not None):
         out.append("solver.status 'heuristic' with a gap or bound: a heuristic has neither")
     if sv.gap is not None and not sv.gap >= 0:

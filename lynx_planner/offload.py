@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 
 from .schema import BLOCK_INPUT, Hardware, Profile
 
+# The fixed cost of one host copy where the hardware gives none: DualPath (Wu et al., arXiv 2602.21548, 2026, section
+# 5.2) measures 5-7 us per cudaMemcpyAsync submission; `lynx hardware calibrate` measures it (a 4 KiB copy's time).
+COPY_LATENCY_S = 6e-6
+
 MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act", "layer_input")
 
 
@@ -28,6 +32,7 @@ class Link:
     h2d_bytes_per_s: float
     pinned_bytes: int
     shared_with_nic: bool = False
+    latency_s: float = 0.0  # fixed cost of each copy (one cudaMemcpyAsync), beside its bytes over the bandwidth
 
 
 def host_link(hw: Hardware) -> Link | None:
@@ -45,7 +50,9 @@ def host_link(hw: Hardware) -> Link | None:
     pinned = hw.pinned_host_bytes if hw.pinned_host_bytes is not None else (cat.pinned_bytes if cat else 0)
     shared = hw.host_link_shared_with_nic if hw.host_link_shared_with_nic is not None else \
         (cat.shared_with_nic if cat else False)
-    return Link(hw.host_link or (cat.kind if cat else "unknown"), d2h, h2d, pinned, shared)
+    latency = hw.host_copy_latency_s if hw.host_copy_latency_s is not None else \
+        (cat.latency_s if cat else COPY_LATENCY_S)
+    return Link(hw.host_link or (cat.kind if cat else "unknown"), d2h, h2d, pinned, shared, latency)
 
 
 def nic_share_bytes_per_s(profile: Profile) -> float:
@@ -69,7 +76,7 @@ def rank_link(profile: Profile) -> Link | None:
     if nic == 0:
         return link
     return Link(link.kind, max(link.d2h_bytes_per_s / 2, link.d2h_bytes_per_s - nic),
-                max(link.h2d_bytes_per_s / 2, link.h2d_bytes_per_s - nic), link.pinned_bytes, True)
+                max(link.h2d_bytes_per_s / 2, link.h2d_bytes_per_s - nic), link.pinned_bytes, True, link.latency_s)
 
 
 def offloaded_bytes(block, offload: list[str] | tuple[str, ...]) -> int:
@@ -95,22 +102,23 @@ class CopyEngine:
     sent: dict = field(default_factory=dict)  # key -> (bytes, when its copy out ends)
     fetched: dict = field(default_factory=dict)  # key -> when its copy back ends
 
-    def send(self, key, t: float, nbytes: int) -> tuple[float, float]:
-        """Queue the copy out of `nbytes` produced at t: (start, end)."""
+    def send(self, key, t: float, nbytes: int, copies: int = 1) -> tuple[float, float]:
+        """Queue the copy out of `nbytes` produced at t, in `copies` transfers (one per tensor, each paying the
+        link's fixed latency): (start, end)."""
         start = max(t, self.d2h_free)
-        dt = nbytes / self.link.d2h_bytes_per_s
+        dt = copies * self.link.latency_s + nbytes / self.link.d2h_bytes_per_s
         self.d2h_free, self.busy_d2h = start + dt, self.busy_d2h + dt
         self.host.append((start, nbytes))
-        self.sent[key] = (nbytes, start + dt)
+        self.sent[key] = (nbytes, start + dt, copies)
         return start, start + dt
 
     def fetch(self, key, t: float) -> tuple[float, float] | None:
         """Queue the copy back of `key` at t (after its copy out ended): (start, end); None if already fetched."""
         if key in self.fetched or key not in self.sent:
             return None
-        nbytes, out_end = self.sent[key]
+        nbytes, out_end, copies = self.sent[key]
         start = max(t, self.h2d_free, out_end)
-        dt = nbytes / self.link.h2d_bytes_per_s
+        dt = copies * self.link.latency_s + nbytes / self.link.h2d_bytes_per_s
         self.h2d_free, self.busy_h2d = start + dt, self.busy_h2d + dt
         self.host.append((start + dt, -nbytes))
         self.fetched[key] = start + dt
@@ -229,7 +237,8 @@ def summary_line(stages, iteration_s: float) -> str:
 
 def measure_link(repeats: int = 10, nbytes: int = 256 << 20) -> dict | None:
     """On a CUDA device: pinned device-to-host and host-to-device copy bandwidth (medians of `repeats` copies of
-    `nbytes`, timed with CUDA events), as Hardware fields; None on a machine without CUDA (nothing to offload to)."""
+    `nbytes`, timed with CUDA events) and the fixed cost of one copy (the median time of a 4 KiB copy, both ways), as
+    Hardware fields; None on a machine without CUDA (nothing to offload to)."""
     import statistics
 
     import torch
@@ -240,7 +249,7 @@ def measure_link(repeats: int = 10, nbytes: int = 256 << 20) -> dict | None:
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     stream = torch.cuda.Stream()
 
-    def rate(dst, src) -> float:
+    def seconds(dst, src) -> float:
         times = []
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)  # warm-up
@@ -251,10 +260,13 @@ def measure_link(repeats: int = 10, nbytes: int = 256 << 20) -> dict | None:
                 b.record(stream)
                 b.synchronize()
                 times.append(a.elapsed_time(b) / 1e3)
-        return nbytes / statistics.median(times)
+        return statistics.median(times)
 
-    d2h, h2d = rate(host, dev), rate(dev, host)
-    return {"host_d2h_bytes_per_s": float(f"{d2h:.4g}"), "host_h2d_bytes_per_s": float(f"{h2d:.4g}")}
+    d2h, h2d = nbytes / seconds(host, dev), nbytes / seconds(dev, host)
+    small = 4096
+    latency = min(seconds(host[:small], dev[:small]), seconds(dev[:small], host[:small]))
+    return {"host_d2h_bytes_per_s": float(f"{d2h:.4g}"), "host_h2d_bytes_per_s": float(f"{h2d:.4g}"),
+            "host_copy_latency_s": float(f"{latency:.3g}")}
 
 
 # ------------------------------------------------------------------------------------------------------------ export

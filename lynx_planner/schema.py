@@ -108,6 +108,9 @@ class Hardware(_Model):
         description="the GPU's host link also carries its NIC's traffic (a GPU and its NIC behind one PCIe switch)")
     pinned_host_bytes: int | None = Field(None, ge=0, exclude_if=lambda v: v is None,
                                           description="pinned host memory one GPU may fill with offloaded tensors")
+    host_copy_latency_s: float | None = Field(
+        None, ge=0, exclude_if=lambda v: v is None,
+        description="fixed cost of one host copy (one cudaMemcpyAsync: submission and DMA start), beside its bytes")
 
 
 # Bounds that fail fast instead of exhausting memory or time: far beyond real training setups, and small enough that

@@ -60,6 +60,7 @@ class LayerRun:
     bwd_streams: tuple[str, ...] = ()
     bwd_input_streams: tuple[str, ...] = ()
     off_bytes: int = 0  # of kept_bytes, what goes to the host after the forward (offload.py)
+    off_copies: int = 0  # in how many copies (one per offloaded tensor: each pays the link's fixed latency)
     reload: str = "layer_above"  # when it comes back
 
 
@@ -204,7 +205,7 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
     return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
                     fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block),
-                    off_bytes=off, reload=pol.reload)
+                    off_bytes=off, off_copies=len(pol.offload) if off else 0, reload=pol.reload)
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -538,7 +539,7 @@ class _Stage:
             self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
             self.mem.note(self.t, r.kept_bytes)
             if r.off_bytes:  # the copy out, queued behind earlier ones; the device bytes are freed when it ends
-                start, end = self.copy.send((c, k, l), self.t, r.off_bytes)
+                start, end = self.copy.send((c, k, l), self.t, r.off_bytes, r.off_copies)
                 self.mem.note(end, -r.off_bytes)
                 self._event(streams.COPY, f"D2H mb{k} L{r.index}", start, end - start)
 

@@ -4,7 +4,8 @@ Enumerates the parallel layouts Megatron-LM can run (TP within a node dividing t
 transformer layers, DP = GPUs / (TP x PP), micro-batch size, micro-batch count from the global batch, sequence
 parallelism), discards those that do not fit even with full recomputation, and plans each of the others with
 Megatron's built-in recomputation (full, selective, block) and with HEU, so the layout that wins is the one whose
-recomputation hides best.
+recomputation hides best. Where HEU recomputes and the hardware has a host link (offload.py), HEU with offload is
+planned too: a layout may win by sending some of its activations to host memory.
 
 Layouts are visited from the fastest balanced ideal down (no recomputation, no transfers, equal stages: a bound that
 no plan of the layout beats), and a layout whose bound cannot enter the table any more is not planned. Searches run
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import evaluate as ev
-from . import schedules
+from . import offload, schedules
 from .analytic import bytes_per_param
 from .build import build_profile, is_model_file, model_spec
 from .io import InputError
@@ -366,7 +367,7 @@ def _row(layout: Layout, algo: str, short: Profile, full_m: int, limit: int, bou
 def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpus: int, heu: bool = True
                 ) -> list[Row]:
     """Rows for Megatron's full, selective and block recomputation (`none` when block needs no layer recomputed) and
-    (if `heu`) HEU on one layout. A layout whose full recomputation does not fit gets one row, `full`, with fits
+    (if `heu`) HEU on one layout, and HEU with offload where HEU recomputes and the hardware has a host link. A layout whose full recomputation does not fit gets one row, `full`, with fits
     false."""
     from .solvers import Problem, megatron
     from .solvers.heu import heu_strategy
@@ -387,6 +388,14 @@ def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpu
     if heu:
         bounds, pols, evaluation = heu_strategy(short, limit, "auto")
         rows.append(_row(layout, "heu", short, m, limit, bounds, pols, evaluation, tokens, gpus))
+        if any(p.recompute for p in pols) and offload.rank_link(short) is not None:
+            # the hardware has a host link and HEU recomputes: HEU with offload may trade some of it for copies
+            from .solvers.offload import search as offload_search
+
+            got = offload_search(Problem(short, limit, partition="auto"), "heu-offload")
+            evaluation = ev.evaluate(short, ev.stage_plans(short, got.bounds, got.policies), ideal=False)
+            rows.append(_row(layout, "heu-offload", short, m, limit, got.bounds, got.policies, evaluation, tokens,
+                             gpus))
     return rows
 
 
@@ -518,18 +527,19 @@ def _finish(rows: list[Row], profiles: Profiles, limit: int, tokens: float, gpus
         from .solvers import Infeasible, solve
 
         prof = profiles(table[0].layout)
+        algo = "heu-offload" if table[0].algo == "heu-offload" else "heu"
         try:
-            solved = solve(prof, "heu", limit)
+            solved = solve(prof, algo, limit)
         except Infeasible:
             solved = None
         if solved is not None:
-            plan = ev.make_plan(prof, "profile.json", "", "heu", limit, solved.stages, solved.solver,
+            plan = ev.make_plan(prof, "profile.json", "", algo, limit, solved.stages, solved.solver,
                                 solved.evaluation)
             t = plan.predicted.iteration_time_s
-            if table[0].algo == "heu":
+            if table[0].algo == algo:
                 table[0] = replace(table[0], iteration_time_s=t, peak_memory_bytes=solved.evaluation.peak_bytes,
                                    tokens_per_s_per_gpu=tokens / t / gpus, simulated="full")
-                _replace(rows, next(r for r in rows if r.layout == table[0].layout and r.algo == "heu"), table[0])
+                _replace(rows, next(r for r in rows if r.layout == table[0].layout and r.algo == algo), table[0])
     return table, best_meg, plan, prof
 
 

@@ -61,7 +61,7 @@ def hardware(action: str | None, output: Path | None, name: str, threads: int, r
                       "nothing to offload to)")
         else:
             out.print(f"host link: device-to-host {hw.host_d2h_bytes_per_s / 1e9:.1f} GB/s, host-to-device "
-                      f"{hw.host_h2d_bytes_per_s / 1e9:.1f} GB/s (pinned; set pinned_host_bytes in the file for "
+                      f"{hw.host_h2d_bytes_per_s / 1e9:.1f} GB/s, {(hw.host_copy_latency_s or 0) * 1e6:.1f} us per copy (pinned; set pinned_host_bytes in the file for "
                       "the host memory offload may fill)")
         return
     if output is not None:

@@ -109,31 +109,38 @@ def default_memory_limit(hw: Hardware) -> int:
 # The host link of one GPU (activation offload, lynx_planner/offload.py), per catalog name: kept apart from HARDWARE so
 # that catalog hardware, and every profile embedding it, keeps its bytes; a hardware file or `lynx hardware calibrate`
 # sets the same fields on the Hardware itself, and they win. Bandwidths are measured pinned cudaMemcpyAsync figures per
-# direction (copy engine), not the link's datasheet rate; the source is named in each note. Pinned host memory per GPU
-# is half the system's host memory over its GPUs (the rest for the data loader, the OS and pageable buffers).
+# direction (copy engine), not the link's datasheet rate; the source is named in each note, and where a direction was
+# not measured it says so. Pinned host memory per GPU is half the system's host memory over its GPUs (the rest for the
+# data loader, the OS and pageable buffers). Each copy also pays a fixed latency (offload.COPY_LATENCY_S: 6 us,
+# DualPath's measured 5-7 us per cudaMemcpyAsync).
 class HostLink:
     def __init__(self, kind: str, d2h_gbs: float, h2d_gbs: float, shared_with_nic: bool, pinned_gib: float,
-                 note: str):
+                 note: str, latency_s: float = 6e-6):
         self.kind, self.d2h, self.h2d = kind, d2h_gbs * 1e9, h2d_gbs * 1e9
         self.shared_with_nic, self.pinned_bytes, self.note = shared_with_nic, int(pinned_gib * GiB), note
+        self.latency_s = latency_s
 
 
-# One measured figure, scaled by lane rate to the older generations: nvbandwidth's host_to_device_memcpy_ce on a
-# PCIe 5.0 x16 H100 reports 55.6 GB/s (the example in the NVbandwidth tutorial after NVIDIA's technical blog
-# 'Understanding NVbandwidth', 2025): 0.88 of the 63 GB/s datasheet rate. Not measured here: `lynx hardware calibrate`
-# on the target machine replaces them.
-_EFF = 55.6 / 63.0
-_GEN3 = "PCIe 3.0 x16: 0.88 x 15.75 GB/s (the Gen5 measurement's efficiency; not measured)."
-_GEN4 = "PCIe 4.0 x16: 0.88 x 31.5 GB/s (the Gen5 measurement's efficiency; not measured)."
-_GEN5 = "PCIe 5.0 x16: nvbandwidth host_to_device_memcpy_ce 55.6 GB/s on H100 (device-to-host taken equal)."
+# Published measurements, one per generation (docs/offload.md lists them with their sources):
+# - PCIe 3.0 x16: CUDA bandwidthTest, pinned, 32 MiB, on a Tesla P100-PCIE-16GB bound to its own socket: H2D 12.15,
+#   D2H 12.89 GB/s (mpicbg-scicomp/gearshifft pull request 82, 2017).
+# - PCIe 4.0 x16: nvbandwidth host_to_device_memcpy_ce / device_to_host_memcpy_ce on eight Gen4 x16 GPUs of one
+#   node (RTX 4090s), medians 26.2 / 26.8 GB/s (NVIDIA/nvbandwidth issue 15, 2024); BaM (Qureshi et al., ASPLOS
+#   2023) measured 25 GB/s peak on an A100's Gen4 x16 (ZaidQureshi/bam issue 54). The card differs, the link does not.
+# - PCIe 5.0 x16: nvbandwidth host_to_device_memcpy_ce 55.6 GB/s on an H100 (the example in the NVbandwidth tutorial
+#   after NVIDIA's technical blog 'Understanding NVbandwidth', 2025); device-to-host not published there: taken equal.
+# Not measured here: `lynx hardware calibrate` on the target machine replaces them.
+_GEN3 = "PCIe 3.0 x16: bandwidthTest pinned on a P100, H2D 12.15 / D2H 12.89 GB/s (measured, gearshifft PR 82)."
+_GEN4 = "PCIe 4.0 x16: nvbandwidth CE, H2D 26.2 / D2H 26.8 GB/s (measured on Gen4 x16 GPUs, nvbandwidth issue 15)."
+_GEN5 = "PCIe 5.0 x16: nvbandwidth host_to_device_memcpy_ce 55.6 GB/s on H100 (device-to-host estimated equal)."
 _SWITCH = " The GPU and its NIC share one PCIe switch port (HGX/DGX): GPUDirect RDMA traffic crosses the same x16 link."
 
-_G3, _G4 = _EFF * 15.75, _EFF * 31.5
+_G3, _G4 = (12.89, 12.15), (26.8, 26.2)  # (D2H, H2D) GB/s
 HOST_LINKS: dict[str, HostLink] = {
-    "v100-32g-nvlink": HostLink("pcie3-x16", _G3, _G3, True, 32, _GEN3 + _SWITCH + " DGX-1: 512 GB host / 8 GPUs."),
-    "a100-40g-nvlink": HostLink("pcie4-x16", _G4, _G4, True, 64, _GEN4 + _SWITCH + " DGX A100: 1 TB host / 8 GPUs."),
-    "a100-80g-nvlink": HostLink("pcie4-x16", _G4, _G4, True, 128, _GEN4 + _SWITCH + " DGX A100 80G: 2 TB / 8 GPUs."),
-    "a100-80g-pcie": HostLink("pcie4-x16", _G4, _G4, False, 64, _GEN4 + " The node's NIC has its own slot."),
+    "v100-32g-nvlink": HostLink("pcie3-x16", *_G3, True, 32, _GEN3 + _SWITCH + " DGX-1: 512 GB host / 8 GPUs."),
+    "a100-40g-nvlink": HostLink("pcie4-x16", *_G4, True, 64, _GEN4 + _SWITCH + " DGX A100: 1 TB host / 8 GPUs."),
+    "a100-80g-nvlink": HostLink("pcie4-x16", *_G4, True, 128, _GEN4 + _SWITCH + " DGX A100 80G: 2 TB / 8 GPUs."),
+    "a100-80g-pcie": HostLink("pcie4-x16", *_G4, False, 64, _GEN4 + " The node's NIC has its own slot."),
     "h100-80g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128, _GEN5 + _SWITCH + " DGX H100: 2 TB / 8 GPUs."),
     "h200-141g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128, _GEN5 + _SWITCH + " DGX H200: 2 TB / 8 GPUs."),
     "b200-180g-nvlink": HostLink("pcie5-x16", 55.6, 55.6, True, 128,

@@ -17,11 +17,12 @@ from . import candidates
 
 ALGOS: tuple[str, ...] = ("heu", "opt", "none", "full", "selective", "uniform", "block", "checkmate", "adapipe")
 # Algorithms that offload (solvers/offload.py): named on request, not in the default lists of compare and bench.
-OFFLOAD_ALGOS: tuple[str, ...] = ("heu-offload", "offload", "full-offload")
+OFFLOAD_ALGOS: tuple[str, ...] = ("heu-offload", "opt-offload", "offload", "full-offload")
 ALL_ALGOS: tuple[str, ...] = ALGOS + OFFLOAD_ALGOS
-_MODULES = {"heu-offload": "offload", "offload": "offload", "full-offload": "offload", "none": "megatron", "full": "megatron", "selective": "megatron", "uniform": "megatron",
+_MODULES = {"heu-offload": "offload", "opt-offload": "opt", "offload": "offload", "full-offload": "offload",
+            "none": "megatron", "full": "megatron", "selective": "megatron", "uniform": "megatron",
             "block": "megatron", "checkmate": "checkmate", "heu": "heu", "opt": "opt", "adapipe": "adapipe"}
-DEFAULT_PARTITION = {"heu": "auto", "opt": "auto", "adapipe": "auto", "heu-offload": "auto"}
+DEFAULT_PARTITION = {"heu": "auto", "opt": "auto", "adapipe": "auto", "heu-offload": "auto", "opt-offload": "auto"}
 
 
 class Infeasible(InputError):

@@ -13,6 +13,17 @@ peak, the start of a backward: kept bytes of the in-flight micro-batches, plus r
 placements, of the top layer and of the largest set placed layer_above below it. Objectives: `iteration` minimises the
 pipeline's iteration time (the slowest stage M - 1 times, every stage once, the transfers), `total` the summed time
 of the stages (Checkmate).
+
+Offload (OPT with offload, given the rank's host link): a layer below the stage's top may instead keep everything and
+offload what one of its candidates does not keep (on the device it holds what that candidate holds, and recomputes
+nothing), or take a candidate and offload what it keeps (recomputing the rest on demand): `Offloaded`. What the model
+states of the copy engine: a micro-batch's copies out (bytes over the device-to-host bandwidth plus each copy's fixed
+latency) fit in the stage's forward compute after its lowest layer's, and its copies back in its backward (so the
+queues keep up, micro-batch after micro-batch, and copies out end about when the forward does); a layer's copy back
+fits in the backward of the layer above (it is prefetched one layer ahead); the largest offloaded layer is counted on
+the device at the peak (its copy out not yet ended, or its copy back begun); the in-flight micro-batches' offloaded
+bytes fit in pinned host memory. It does not state where in the forward each copy ends (the queue's exact timing):
+the simulator does, and judges the plan.
 """
 
 from __future__ import annotations
@@ -24,7 +35,9 @@ import pyomo.environ as pyo
 from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
+from .. import policy
 from ..io import raise_if_interrupted
+from ..memo import per_object
 from ..schema import Profile
 from .candidates import Candidate
 from .stage_model import RankMemory, StageModel, candidates_of
@@ -33,6 +46,42 @@ MIB = float(1 << 20)
 REL_GAP = 1e-4
 MS = 1e-3
 MIN_SOLVE_S = 0.01  # HiGHS gets at least this long (to return a first incumbent) when the build used up the limit
+
+
+@dataclass(frozen=True)
+class Offloaded(Candidate):
+    """A layer that keeps everything and offloads `offload` (what another candidate does not keep): `kept_bytes` is
+    what stays on the device once the copies are out, `off_bytes` what goes, in one copy per unit."""
+
+    offload: tuple[str, ...]
+    off_bytes: int
+
+
+@per_object
+def offloaded_candidates(block) -> tuple[Offloaded, ...]:
+    """Two kinds, per Pareto candidate of the block: keep everything and offload what that candidate drops (nothing
+    recomputed); and the candidate itself with what it keeps offloaded (its recomputation on demand, as HEU with
+    offload's plans for more memory do)."""
+    from .candidates import pareto
+
+    cands = pareto(block)
+    full = max((c for c in cands if c.rec_s == 0), key=lambda c: c.kept_bytes)
+    info = policy.analyse(block)
+
+    def units(us) -> tuple[str, ...]:
+        return tuple(sorted((u for u in us if info.unit_bytes.get(u, 0) > 0), key=info.order.__getitem__))
+
+    out, seen = [], set()
+    for c in cands:
+        for base, off in ((full, units(u for u in full.keep if u not in c.keep)),
+                          (c, units(u for u in c.keep if u not in c.recompute) if c.rec_s > 0 else ())):
+            if not off or (base.keep, off) in seen:
+                continue
+            seen.add((base.keep, off))
+            nbytes = sum(info.unit_bytes[u] for u in off)
+            out.append(Offloaded(base.keep, base.recompute, base.kept_bytes - nbytes, base.rec_bytes, base.rec_s,
+                                 base.replays_collective, off, nbytes))
+    return tuple(out)
 
 
 @dataclass
@@ -60,17 +109,19 @@ def _placements(model: StageModel, slot, c: Candidate, allowed: tuple[str, ...])
 
 
 def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], objective: str,
-          time_limit: float | None, ranks: list[RankMemory] | None = None) -> MilpResult:
+          time_limit: float | None, ranks: list[RankMemory] | None = None, link=None) -> MilpResult:
     """`time_limit` bounds the whole call: building the candidates and the model counts against it. `ranks`: memory
     is budgeted per rank, over all its chunks at each of its backwards' starts (the chunks' own budgets unused), and
-    the objective counts a rank's chunks one after another."""
+    the objective counts a rank's chunks one after another. `link` (offload.Link): layers may also offload."""
     started = time.perf_counter()
     m = pyo.ConcreteModel()
     classes: list[tuple[int, tuple, list[int]]] = []  # (stage, key, slot indices)
     for s, model in enumerate(models):
         groups: dict[tuple, list[int]] = {}
         for j, slot in enumerate(model.slots):
-            groups.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
+            # with offload, layers below different blocks differ too (the window of their copies back)
+            groups.setdefault((slot.block, round(slot.above_s, 12), slot.top,
+                               round(slot.above_bwd_s, 12) if link is not None else 0.0), []).append(j)
         classes += [(s, key, js) for key, js in groups.items()]
 
     index, info = [], {}
@@ -80,6 +131,14 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
             for at in _placements(models[s], slot, c, allowed):
                 index.append((ci, cj, at))
                 info[(ci, cj, at)] = (s, slot, c, len(js))
+        if link is not None and not key[2]:  # the top layer's copy back would start with its backward: not offered
+            # a layer's copy back starts when the backward enters the layer above: it must end within that layer's
+            # backward, or the backward stalls
+            for tj, c in enumerate(offloaded_candidates(profile.blocks[key[0]])):
+                if c.off_bytes / link.h2d_bytes_per_s + len(c.offload) * link.latency_s > slot.above_bwd_s:
+                    continue
+                index.append((ci, tj, "offload"))
+                info[(ci, tj, "offload")] = (s, slot, c, len(js))
     m.n = pyo.Var(index, domain=pyo.NonNegativeIntegers, bounds=lambda _, ci, cj, at: (0, len(classes[ci][2])))
     # Regenerated bytes alive at the stage's peak (the start of a backward, the simulator's memory timeline): the top
     # layer's, recomputed on demand there, and those of a layer below recomputed layer_above meanwhile (the largest
@@ -115,7 +174,7 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
 
     def exposed(k) -> float:
         _, slot, c, _ = info[k]
-        if k[2] == "on_demand":
+        if k[2] in ("on_demand", "offload"):  # an offloading layer recomputes on demand
             return c.rec_s
         if k[2] == "layer_above":
             return max(0.0, c.rec_s - slot.above_s)
@@ -131,14 +190,15 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
         top = sum(m.n[k] * info[k][2].rec_bytes / MIB for k in mine if k[2] == "on_demand" and info[k][1].top)
         return early + top + m.z[s]
 
+    lag = _offload(m, models, index, info, link, ranks)
     if ranks is None:
-        m.memory = pyo.Constraint(stages, rule=lambda _, s: held(s) + around(s) <= models[s].budget / MIB)
+        m.memory = pyo.Constraint(stages, rule=lambda _, s: held(s) + around(s) + lag(s) <= models[s].budget / MIB)
     else:
         # a rank's memory at each backward's start: every chunk's in-flight micro-batches at that moment's counts,
         # plus what is regenerated around the backward of one chunk (the larger of its chunks')
         m.r = pyo.Var(range(len(ranks)), domain=pyo.NonNegativeReals)
         m.around = pyo.Constraint([(ri, s) for ri, rk in enumerate(ranks) for s in rk.chunks],
-                                  rule=lambda _, ri, s: m.r[ri] >= around(s))
+                                  rule=lambda _, ri, s: m.r[ri] >= around(s) + lag(s))
         m.memory = pyo.Constraint([(ri, ni) for ri, rk in enumerate(ranks) for ni in range(len(rk.counts))],
                                   rule=lambda _, ri, ni: sum(
                                       ranks[ri].counts[ni][i] / ranks[ri].most[i] * held(s)
@@ -185,7 +245,7 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
             if k[0] == ci:
                 picks += [(info[k][2], k[2])] * int(round(pyo.value(m.n[k])))
         picks.sort(key=lambda x: -x[0].kept_bytes)  # more memory to lower layers, as HEU does
-        for j, pick in zip(js, picks):
+        for j, pick in zip(js, _spread_offloaded(picks)):
             choices[s][j] = pick
     optimal = res.solution_status == SolutionStatus.optimal
     obj, bound = res.incumbent_objective, res.objective_bound
@@ -193,3 +253,53 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
     gap = None if obj is None or bound is None else max(0.0, (obj - bound) / max(abs(obj), 1e-12))
     status = "optimal" if optimal else ("time_limit" if time_limit is not None else "feasible")
     return MilpResult(choices, status, None if obj is None else obj * MS, None if bound is None else bound * MS, gap)
+
+
+def _offload(m, models: list[StageModel], index, info, link, ranks):
+    """The copy engine's constraints (the module docstring says what they state); returns each stage's MiB counted on
+    the device for the offload at the peak (a Pyomo expression, or 0)."""
+    twins = [k for k in index if k[2] == "offload"]
+    if not twins:
+        return lambda s: 0.0
+    stages = range(len(models))
+    m.w = pyo.Var(twins, domain=pyo.Binary)
+    m.lag = pyo.Var(stages, domain=pyo.NonNegativeReals)
+    m.off_present = pyo.Constraint(twins, rule=lambda _, *k: m.n[k] <= info[k][3] * m.w[k])
+    m.off_lag = pyo.Constraint(twins, rule=lambda _, *k: m.lag[info[k][0]] >= info[k][2].off_bytes / MIB * m.w[k])
+
+    def seconds(s: int, rate: float):
+        return sum(m.n[k] * (info[k][2].off_bytes / rate + len(info[k][2].offload) * link.latency_s)
+                   for k in twins if info[k][0] == s)
+
+    mine = sorted({info[k][0] for k in twins})
+    # the copies out leave after the lowest layer's forward at the earliest: the window is the rest of the forward
+    m.d2h = pyo.Constraint(mine, rule=lambda _, s: seconds(s, link.d2h_bytes_per_s)
+                           <= models[s].fwd_s * (1 - 1 / len(models[s].slots)))
+    m.h2d = pyo.Constraint(mine, rule=lambda _, s: seconds(s, link.h2d_bytes_per_s) <= models[s].bwd_s)
+
+    def host(s: int):  # MiB on the host: the in-flight micro-batches' offloaded bytes
+        return sum(m.n[k] * models[s].in_flight * info[k][2].off_bytes / MIB for k in twins if info[k][0] == s)
+
+    if ranks is None:  # one chunk per rank: each stage's own host memory
+        m.host = pyo.Constraint(mine, rule=lambda _, s: host(s) <= link.pinned_bytes / MIB)
+    else:
+        groups = [tuple(c for c in rk.chunks if c in mine) for rk in ranks]
+        groups = [g for g in groups if g]
+        m.host = pyo.Constraint(range(len(groups)), rule=lambda _, g: sum(host(s) for s in groups[g])
+                                <= link.pinned_bytes / MIB)
+    return lambda s: m.lag[s] if s in mine else 0.0
+
+
+def _spread_offloaded(picks: list) -> list:
+    """The class's picks in slot order: kept bytes descending, the offloaded layers spread evenly among them (the
+    copies of neighbouring layers queue on one link)."""
+    off = [p for p in picks if isinstance(p[0], Offloaded)]
+    if not off:
+        return picks
+    rest = [p for p in picks if not isinstance(p[0], Offloaded)]
+    n = len(picks)
+    at = {(2 * j + 1) * n // (2 * len(off)) for j in range(len(off))}
+    out, o, r = [], iter(off), iter(rest)
+    for i in range(n):
+        out.append(next(o) if i in at else next(r))
+    return out

@@ -14,12 +14,19 @@ from .stage_model import chunk_limits, measured_grad_waits, rank_memory, stage_m
 
 
 def policies(profile: Profile, models, choices) -> list[LayerPolicy]:
-    return [ev.layer_policy(profile, slot.layer, c.keep, c.recompute, at)
+    return [_policy(profile, slot.layer, c, at)
             for model, picks in zip(models, choices) for slot, (c, at) in zip(model.slots, picks)]
 
 
+def _policy(profile: Profile, layer: int, c, at: str) -> LayerPolicy:
+    if isinstance(c, milp.Offloaded):  # keep everything, offload what the candidate it stands for drops
+        return ev.layer_policy(profile, layer, c.keep, c.recompute, "on_demand").model_copy(
+            update={"offload": list(c.offload)})
+    return ev.layer_policy(profile, layer, c.keep, c.recompute, at)
+
+
 def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], allowed: tuple[str, ...],
-           objective: str, time_limit: float | None, rounds: int = 4):
+           objective: str, time_limit: float | None, rounds: int = 4, link=None):
     """Solve, simulate; a stage the simulation finds over its limit gets its budget cut by the excess, and the
     windows are re-measured on the new plan; up to `rounds` solves within `time_limit` seconds in all. Returns
     (policies, evaluation, MilpResult) of the best fitting plan, or (None, None, last MilpResult). Where that plan
@@ -50,7 +57,7 @@ def refine(profile: Profile, limit: int, bounds: list[int], waits: list[float], 
             models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s] - cut[s], waits[s])
                       for s in range(p)]
             ranks = None
-        result = milp.solve(profile, models, allowed, objective, left, ranks)
+        result = milp.solve(profile, models, allowed, objective, left, ranks, link)
         if result.status == "infeasible" or not result.choices:  # or stopped by the time limit before a plan
             break
         if not any(cut):

@@ -12,12 +12,20 @@ simulated time above that bound, relative to the simulated time (so it includes 
 the returned plan is the MILP's and its modelled time is within HiGHS's relative tolerance (1e-4) of the bound over
 all splits; `time_limit` that some split's MILP was stopped by the time limit (before or after it found a plan, or
 before it started); otherwise `feasible`. `--time-limit` (default 60 s) bounds the whole search.
+
+opt-offload: the same MILP with the third choice, offload (solvers/milp.py says what it states of the copy engine),
+on the rank's host link; judged against HEU with offload's plan (`source: "heu"` when that one simulates faster).
+Its model restricts a layer's offload to what one of its candidates drops, and states the copy queue by its windows,
+not its exact timing: its bound bounds that model only, so opt-offload is never `optimal`, at best `feasible`.
 """
 
 from __future__ import annotations
 
 import time
 
+from .. import offload
+from ..evaluate import evaluate, stage_plans
+from ..io import InputError
 from ..schema import PLACEMENTS
 from . import Problem, Strategy
 from .heu import HullCache, auto_bounds, heu_strategy
@@ -30,6 +38,12 @@ DEFAULT_TIME_LIMIT_S = 60.0
 
 def search(problem: Problem, algo: str = "opt") -> Strategy:
     profile, limit = problem.profile, problem.memory_limit
+    link = None
+    if algo == "opt-offload":
+        link = offload.rank_link(profile)
+        if link is None:
+            raise InputError(f"{profile.hardware.name}: no host link to offload to (a CPU rank, or hardware without "
+                             "host_link fields: set them in the hardware file or run `lynx hardware calibrate`)")
     time_limit = problem.time_limit if problem.time_limit is not None else DEFAULT_TIME_LIMIT_S
     deadline = time.perf_counter() + time_limit  # --time-limit bounds the whole search
     heu_bounds, heu_pols, heu_eval = heu_strategy(profile, limit, problem.partition)
@@ -48,7 +62,7 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
             statuses.append("time_limit")
             break
         share = left / (len(splits) - i)  # the remaining time, shared by the remaining splits
-        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "iteration", share)
+        got, got_eval, result = refine(profile, limit, split, waits, PLACEMENTS, "iteration", share, link=link)
         if result is None:  # the time ran out before this split's MILP was solved
             statuses.append("time_limit")
             continue
@@ -58,4 +72,13 @@ def search(problem: Problem, algo: str = "opt") -> Strategy:
         bounds_s.append(result.bound_s)
         if got is not None and (milp is None or got_eval.better_than(milp[2], limit)):
             milp = (split, got, got_eval, result)
-    return returned(heu_bounds, heu_pols, heu_eval, milp, statuses, bounds_s, limit)
+    if link is None:
+        return returned(heu_bounds, heu_pols, heu_eval, milp, statuses, bounds_s, limit)
+    from .offload import search as offload_search
+
+    base = offload_search(problem, "heu-offload")  # the baseline: HEU with offload
+    base_eval = evaluate(profile, stage_plans(profile, base.bounds, base.policies), ideal=False)
+    got = returned(base.bounds, base.policies, base_eval, milp, statuses, bounds_s, limit)
+    if got.status == "optimal":  # of the restricted model only (module docstring)
+        got.status = "feasible"
+    return got

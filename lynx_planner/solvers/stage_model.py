@@ -28,6 +28,7 @@ class Slot:
     block: str
     above_s: float  # hideable work per micro-batch under layer_above (seconds of recomputation)
     top: bool
+    above_bwd_s: float = 0.0  # the backward of the layer above (where an offloaded layer's copy back must fit)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class StageModel:
     prev_forward_share: float = 1.0  # the micro-batches whose prev_forward fires (the others' run on demand)
     send_s: float = 0.0  # the transfer of the stage's output (and of its gradient back)
     awaiting_w: int = 0  # micro-batches whose graph (kept and recomputed tensors) waits for W (split backward)
+    fwd_s: float = 0.0  # of compute_s, the forward's (the window the offloaded tensors' copies out leave in)
+    bwd_s: float = 0.0  # of compute_s, the backward's (the window their copies back return in)
 
 
 def candidates_of(profile: Profile, block: str) -> tuple[Candidate, ...]:
@@ -65,7 +68,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
     for j, i in enumerate(range(first, end)):
         top = i == end - 1
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
-        slots.append(Slot(i, profile.layers[i].block, above, top))
+        slots.append(Slot(i, profile.layers[i].block, above, top, 0.0 if top else sum(segs[j + 1][1])))
     legal = streams.legal_placements(profile, s)
     awaiting_w = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
     # what each micro-batch awaiting W holds beside its graph, whatever the plan (the simulator's count)
@@ -76,6 +79,7 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         awaiting_w=awaiting_w,
         budget=memory_limit - static_bytes(profile, first, end) - held,
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
+        fwd_s=sum(sum(f) for f, _ in segs), bwd_s=sum(sum(b) for _, b in segs),
         grad_wait_s=grad_wait_s,
         fwd_idle_s=sum(idle_s(f) for f, _ in segs) / gamma,
         slots=tuple(slots),
