@@ -347,8 +347,9 @@ def torchtitan_memory_by_hand(gpus: int, b: int = 2, s: int = 8192) -> dict[str,
 TT_TERMS_WHY = {
     "shards": "lynx holds the fp32 gradient shard too (16 B/param) all iteration; torchtitan's are None until their "
               "reduce-scatter",
-    "gathered": "lynx: FSDP2 as torchtitan 0.3 wraps it (the output layer its own unit, at its backward with its "
-                "gradients); the run's root unit (embedding + output) and last block stay gathered instead",
+    "gathered": "lynx: FSDP2 as torchtitan 0.3 wraps it, at the [norm, output] unit's reduction (its parameters, the "
+                "last block's prefetched all-gather, its gradient and reduce-scatter buffers); the run's root unit "
+                "(embedding + output) and last block stay gathered instead",
     "blocks": "torchtitan's SAC caches wq's and w2's outputs, which no backward reads; lynx's keep set holds only "
               "tensors a backward reads (it recomputes wq instead)",
     "final norm": "",
