@@ -373,7 +373,8 @@ class _Chunk:
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds)
+        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds,
+        # the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
                            r.bwd_input if split else r.bwd, sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]

@@ -68,9 +68,9 @@ def test_llama3_8b_fsdp8_plan_at_the_device_limit_recomputes_no_layer_in_full():
     recomputation: its op-level selective AC keeps the fused attention's and half the matmuls' outputs. With the
     kernels torchtitan runs (`--kernels torchtitan`), HEU's plan at the device limit recomputes no layer in full and
     no matmul that torchtitan's own AC keeps (its save list as a keep set: the keepable of wqkv, attention, w1, w2;
-    it recomputes wo and w3 at least), less work than that AC, and runs faster than it and than full. (The peak holds the
-    loss's backward gradients, 2 x 4 b s V bytes = 15.7 GiB: simulator.loss_grad_bytes; before they were counted,
-    HEU recomputed no matmul on most layers and under half torchtitan's AC's work.)"""
+    it recomputes wo and w3 at least), less work than that AC, and runs faster than it and than full. (The peak
+    holds the loss's backward gradients, 2 x 4 b s V bytes = 15.7 GiB: simulator.loss_grad_bytes; before they were
+    counted, HEU recomputed no matmul on most layers and under half torchtitan's AC's work.)"""
     from lynx_planner.evaluate import layer_policy, none_policy, evaluate, stage_plans
     from lynx_planner.models.hardware import default_memory_limit
     from lynx_planner import policy
