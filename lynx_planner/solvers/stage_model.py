@@ -6,7 +6,8 @@ layer of the stage: in the wait for the gradient from the next stage); `grad_wai
 each (the gradient wait; the forward's TP collectives). All windows are divided by the interference factor.
 Memory at the stage's peak (the start of the backward of the oldest in-flight micro-batch): kept bytes of the
 in-flight micro-batches, plus what early placements have already regenerated, plus the two layers being recomputed
-around the backward's start.
+around the backward's start, plus, on the stage holding the loss, the loss's backward gradients
+(simulator.loss_grad_bytes, taken off the budget).
 """
 
 from __future__ import annotations
