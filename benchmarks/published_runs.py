@@ -347,20 +347,20 @@ def torchtitan_memory_by_hand(gpus: int, b: int = 2, s: int = 8192) -> dict[str,
 TT_TERMS_WHY = {
     "shards": "lynx holds the fp32 gradient shard too (16 B/param) all iteration; torchtitan's are None until their "
               "reduce-scatter",
-    "gathered": "lynx: FSDP2 as torchtitan 0.3 wraps it (the output layer its own unit, at its backward with its "
-                "gradients); the run's root unit (embedding + output) and last block stay gathered instead",
+    "gathered": "lynx: FSDP2 as torchtitan 0.3 wraps it, at the [norm, output] unit's reduction (its parameters, the "
+                "last block's prefetched all-gather, its gradient and reduce-scatter buffers); the run's root unit "
+                "(embedding + output) and last block stay gathered instead",
     "blocks": "torchtitan's SAC caches wq's and w2's outputs, which no backward reads; lynx's keep set holds only "
               "tensors a backward reads (it recomputes wq instead)",
     "final norm": "",
-    "loss": "lynx holds log_softmax's saved output; its peak leaves out backward's transient gradients (the fp32 "
-            "logits gradients)",
+    "loss": "",
 }
 
 
 def torchtitan_memory_terms(gpus: int) -> list[tuple[str, float, float, str]]:
     """(term, torchtitan by hand GiB, lynx GiB, why they differ) of the run's peak, then the totals and the reserved
     memory torchtitan prints."""
-    from lynx_planner import policy
+    from lynx_planner import policy, simulator
     from lynx_planner.parallel import fsdp
 
     prof, ev = _torchtitan_run(gpus)
@@ -372,7 +372,7 @@ def torchtitan_memory_terms(gpus: int) -> list[tuple[str, float, float, str]]:
     lynx = {"shards": prof.extra_static_bytes + sum(l.static_bytes for l in prof.layers),
             "gathered": fsdp.transient_bytes(prof, list(range(len(prof.layers)))),
             "blocks": kept["LlamaDecoderLayer"] + kept["Embedding"], "final norm": kept["LlamaRMSNorm"],
-            "loss": kept["Linear"]}
+            "loss": kept["Linear"] + simulator.loss_grad_bytes(prof.blocks["Linear"])}
     hand = torchtitan_memory_by_hand(gpus)
     g = 2**30
     out = [(k, hand[k] / g, lynx[k] / g, TT_TERMS_WHY[k]) for k in hand]

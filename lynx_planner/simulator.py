@@ -62,6 +62,7 @@ class LayerRun:
     off_bytes: int = 0  # of kept_bytes, what goes to the host after the forward (offload.py)
     off_copies: int = 0  # in how many copies (one per offloaded tensor: each pays the link's fixed latency)
     reload: str = "layer_above"  # when it comes back
+    bwd_transient: int = 0  # allocated over its backward (a split one's B): the loss's gradients (loss_grad_bytes)
 
 
 @per_object
@@ -186,6 +187,18 @@ def held_until_w(profile: Profile, index: int, first: int) -> int:
     return block_split(block)[2] + (block.input_bytes if index == first else 0)
 
 
+LOSS_PREFIX = "loss:"  # op ids of the training stack's loss (analytic/decoder.py, analytic/gpt.py)
+
+
+def loss_grad_bytes(block: Block) -> int:
+    """Bytes the loss's backward allocates beside the layer's kept tensors, from the start of the layer's backward to
+    its end: log_softmax's backward holds the gradient of its output (from nll_loss) and the gradient it makes for the
+    logits, both fp32 (HF and torchtitan cast the logits to fp32 before the cross-entropy) and each the size of the
+    fp32 output the loss saves (its aux_bytes, already kept). So 2 x 4 bytes per token per vocabulary entry on the
+    rank (b s V / tp), beside the saved 4: torchtitan_memory_by_hand's `loss` term. A block without a loss op: 0."""
+    return max((2 * op.aux_bytes for op in block.ops if op.id.startswith(LOSS_PREFIX)), default=0)
+
+
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
     block = profile.blocks[profile.layers[index].block]
     info = policy.analyse(block)
@@ -205,7 +218,8 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
     off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
     return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
                     fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block),
-                    off_bytes=off, off_copies=len(pol.offload) if off else 0, reload=pol.reload)
+                    off_bytes=off, off_copies=len(pol.offload) if off else 0, reload=pol.reload,
+                    bwd_transient=loss_grad_bytes(block))
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:
@@ -352,7 +366,8 @@ class _Chunk:
         self.fwd_straight = [(busy, busy + idle, r.kept_bytes) for (busy, idle), r in zip(self.fwd_sums, runs)]
         sums = self.bwd_input_sums if split else self.bwd_sums
         self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
-                              r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes))
+                              (r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes)) - r.bwd_transient,
+                              r.bwd_transient)
                              for l, r in reversed(list(enumerate(runs)))]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
         # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
@@ -360,9 +375,10 @@ class _Chunk:
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds)
+        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds,
+        # the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           r.bwd_input if split else r.bwd, sums[l], straight[-1])
+                           r.bwd_input if split else r.bwd, sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
 
 
@@ -599,12 +615,14 @@ class _Stage:
             if r.off_bytes:
                 self._await_reload(c, k, l)
             self._spans(r, "B", k)
+            if r.bwd_transient:
+                self.mem.note(self.t, r.bwd_transient)
             self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
                            r.bwd_input_streams if split else r.bwd_streams)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self.mem.note(self.t, r.wgrad_bytes)
+                self.mem.note(self.t, r.wgrad_bytes - r.bwd_transient)
             else:
-                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes))
+                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes + r.bwd_transient))
 
     def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
@@ -624,7 +642,7 @@ class _Stage:
             t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
         else:
             t = ready if ready > t else t
-        for l, below, uniform, recomputes, r, segs, sums, freed in ch.bwd_local:
+        for l, below, uniform, recomputes, r, segs, sums, freed, transient in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
                 pending[l - 1] = task
@@ -654,6 +672,9 @@ class _Stage:
                     t += work
                     busy += work
                     exposed += work
+            if transient:
+                note_t(t)
+                note_d(transient)
             if not queue:  # as _segments with nothing queued
                 busy += sums[0]
                 t += sums[0] + sums[1]
@@ -846,7 +867,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     waits.append(wait)
                     ch.grad_waits.append(wait)
                     t = ready if ready > t else t
-                    for rec_bytes, rec_s, dt_busy, dt, freed in ch.bwd_straight:
+                    for rec_bytes, rec_s, dt_busy, dt, freed, transient in ch.bwd_straight:
                         if rec_bytes is not None:  # exposed recomputation, as _expose
                             note_t(t)
                             note_d(rec_bytes)
@@ -854,6 +875,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                                 t += rec_s
                                 busy += rec_s
                                 exposed += rec_s
+                        if transient:
+                            note_t(t)
+                            note_d(transient)
                         busy += dt_busy
                         t += dt
                         note_t(t)

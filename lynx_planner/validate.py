@@ -96,7 +96,7 @@ def fsdp_peak(profile: Profile, runs, activation_peak: int) -> int:
     for r in runs:
         below.append(base)
         base += r.kept_bytes
-    held = [b + r.kept_bytes + r.rec_bytes for b, r in zip(below, runs)]
+    held = [b + r.kept_bytes + r.rec_bytes + r.bwd_transient for b, r in zip(below, runs)]  # the loss's at its layer
     transient = max(0, activation_peak - max(held))
     return max(max(h + transient + during, b + post) for h, b, (during, post) in zip(held, below, new))
 

@@ -1,8 +1,9 @@
 """`lynx validate` of FSDP plans: run a plan of an `--fsdp` profile (pp = 1) in a real data-parallel FSDP2 job on this
 machine (one gloo process per DP rank) and measure what validate.py measures for a pipeline stage.
 
-Every rank builds the model file's model alike (same seed), applies the plan, shards each planned layer with its own
-`fully_shard` (and the whole model once more, as torchtitan does), with the profile's reshard_after_forward, and runs
+Every rank builds the model file's model alike (same seed), applies the plan, shards the planned layers in the memory
+model's FSDP units (parallel/fsdp.py `units`: one `fully_shard` per layer with the profile's reshard_after_forward, the
+final norm and output layer together and kept gathered, as torchtitan 0.3) and the whole model once more, and runs
 iterations of `num_microbatches` forward and backward passes (gradient accumulation; FSDP2 reduce-scatters on each).
 Measured per rank: forward and backward CPU time of the training thread (the collectives' waits are not CPU time
 there: gloo runs them on its own threads), the recomputation inside backward and the one released early, the peak of
@@ -19,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .io import InputError, load_model
+from .parallel import fsdp
 from .schema import Plan
 from .validate import PlanRun, StageTimes, _failure, _free_port, _profile_of, _squares, _stage_module, measure_jobs
 
@@ -69,7 +71,8 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
         jobs = []
         for path in plan_paths:
             plan = load_model(path, Plan)
-            prof_par = _profile_of(plan, path).parallel
+            prof = _profile_of(plan, path)
+            prof_par = prof.parallel
             torch.manual_seed(0)  # the same model on every rank
             model, example = load_model_file(model_path, batch_size=prof_par.micro_batch_size,
                                              seq_len=prof_par.seq_len)
@@ -77,12 +80,18 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             names = plan.stages[0].layer_names
             module = _stage_module(model, names)
             apply_plan(module, plan, stage=0)
-            for name in names:  # one FSDP unit per planned layer, then the rest (torchtitan's wrapping)
+            def layer(name: str):
                 try:
-                    layer = module.get_submodule(name)
+                    return module.get_submodule(name)
                 except AttributeError:
-                    layer = module.get_submodule(f"model.{name}")
-                fully_shard(layer, mesh=mesh, reshard_after_forward=prof_par.reshard_after_forward)
+                    return module.get_submodule(f"model.{name}")
+
+            first = plan.stages[0].layers[0]
+            # the planned layers in FSDP units as the memory model wraps them (torchtitan's wrapping: fsdp.units),
+            # then the rest
+            for members, resharded in fsdp.units(prof, list(range(*plan.stages[0].layers))):
+                mods = [layer(names[i - first]) for i in members]
+                fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh, reshard_after_forward=resharded)
             fully_shard(module, mesh=mesh, reshard_after_forward=prof_par.reshard_after_forward)
             batch = tuple(x.to(torch_dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                           for x in example)

@@ -154,12 +154,14 @@ class _Stage:
             elif ch.recomputes[l]:  # on demand (or a prev_forward with no forward before this backward)
                 self._log(c, k, l, placements.ON_DEMAND, action)
                 self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
+            if r.bwd_transient:  # the loss's gradients, over the layer's backward (B)
+                self.mem.append((self.t, r.bwd_transient))
             if self.split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
                 self._segments(r.bwd_input, ch.bwd_input_sums[l], "B", k, r.index)
-                self.mem.append((self.t, r.wgrad_bytes))
+                self.mem.append((self.t, r.wgrad_bytes - r.bwd_transient))
             else:
                 self._segments(r.bwd, ch.bwd_sums[l], "B", k, r.index)
-                self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes)))
+                self.mem.append((self.t, -(r.kept_bytes + r.rec_bytes + r.bwd_transient)))
 
     def weight(self, c: int, k: int) -> None:
         """W(c, k): every layer's weight gradients, top down; then its graph is freed."""

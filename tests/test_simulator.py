@@ -159,3 +159,36 @@ def test_placement_table(kind):
                 assert legal == (simulator.in_flight(kind, p, s, m) >= 2)
     assert placements.prev_forward_releases("1f1b", 4, 0, 6) == {3: 0, 4: 1, 5: 2}
     assert placements.prev_forward_releases("gpipe", 2, 1, 3) == {2: 0}
+
+
+def with_loss_head(prof: Profile, tokens: int, vocab: int) -> Profile:
+    """`prof` plus an output layer as the last layer: its GEMM (bf16 logits, saves its input) and the training stack's
+    cross-entropy on fp32 logits, which saves its fp32 log_softmax output (aux_bytes), as analytic/decoder.py."""
+    from lynx_planner.policy import OUTSIDE
+
+    head = Block(name="head", input_bytes=100, output_bytes=0, ops=[
+        Op(id=":mm#0", fwd_s=1.0, bwd_s=2.0, out_bytes=2 * tokens * vocab, inputs=["input"], saves=["input"]),
+        Op(id="loss:cross_entropy#0", fwd_s=0.5, bwd_s=0.5, out_bytes=4 * tokens, aux_bytes=4 * tokens * vocab,
+           inputs=[":mm#0"], tags=[OUTSIDE])])
+    return prof.model_copy(update={"blocks": {**prof.blocks, "head": head},
+                                   "layers": prof.layers + [Layer(block="head", name="lm_head", params=0,
+                                                                  static_bytes=0)]})
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_loss_gradients_count_at_the_last_stage_backward_start(m):
+    """The loss's backward holds, beside log_softmax's saved fp32 output, the fp32 gradient it receives and the one
+    it makes: 2 x 4 bytes per token and vocabulary entry, from the head's backward start to its end. By hand, 6
+    tokens, vocabulary 10: 480 bytes on the last stage (1F1B: one micro-batch in flight there), none on stage 0."""
+    prof = with_loss_head(synthetic(2, m), tokens=6, vocab=10)
+    assert simulator.loss_grad_bytes(prof.blocks["head"]) == 2 * 4 * 6 * 10
+    pols = [ev.none_policy(prof, i) for i in range(len(prof.layers))]
+    stages = ev.evaluate(prof, ev.stage_plans(prof, [0, 4, 9], pols)).predicted.stages
+    layer = 100 + 1000  # as test_peak_is_in_flight_times_layer_bytes
+    head = 100 + 4 * 6 * 10  # its input (saved by the GEMM) and the saved fp32 log_softmax output
+    assert stages[0].activation_bytes == min(m, 2) * 4 * layer
+    assert stages[1].activation_bytes == 4 * layer + head + 2 * 4 * 6 * 10
+    # the searches' stage model leaves the same bytes out of the last stage's budget
+    from lynx_planner.solvers.stage_model import stage_model
+    budgets = [stage_model(prof, 1, 4, 9, 10**6, 0.0).budget, stage_model(prof, 0, 0, 4, 10**6, 0.0).budget]
+    assert budgets == [10**6 - 480, 10**6]

@@ -1,6 +1,14 @@
 """FSDP2 (ZeRO-3) and HSDP: the memory and the per-layer collectives of parameters sharded over the data-parallel
-group, as torchtitan runs FSDP2 (fully_shard per transformer block, the embedding, and the final norm with the output
-layer; MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). One profile layer is one FSDP unit.
+group, as torchtitan runs FSDP2 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)).
+
+Units (`units`), as torchtitan 0.3 wraps them (torchtitan/distributed/fsdp.py, apply_fsdp): one per profile layer
+(the embedding, each transformer block), with the profile's reshard_after_forward, except the final norm and the output
+layer, one unit [norm, output] that is never resharded after forward ("As an optimization, do not
+reshard_after_forward the last layers by default since FSDP would prefetch them immediately"; resharded only under
+torchtitan's "always", which lynx does not offer). The root unit (fully_shard(model)) is left without parameters. The
+[norm, output] pair is found by the layers' roles (exports/layout.py: a profile whose names follow no convention and
+end in no norm and output layer, e.g. a plain stack of layers, has one unit per layer: as validate_fsdp.py and a
+per-layer wrapping run it). A tied embedding's unit (torchtitan: [embedding, norm, output]) is not modelled.
 
 Static bytes per parameter, sharded over the shard group (dp, or hsdp_shard_size, times cp: torchtitan shards over
 its dp_shard_cp mesh): the fp32 sharded parameter, which is also the optimizer's master weight (4), its fp32 gradient
@@ -22,8 +30,9 @@ profile 4) and r = 4 (fp32 reduce):
   gradient, beside the unit above's held reduce-scatter input; then, resharded, its gradient (alive until its
   reduction ends: measured, tests/test_runtime_fsdp.py) beside its own reduce-scatter input and output (the shard,
   over the S shard ranks): g n_(i-1) + max(2 g n_i + r n_(i+1), g n_i + r n_i + r n_i / S).
-With reshard_after_forward false every unit of the rank stays gathered from its forward to its backward (g per
-parameter of all of them) and no gather runs in backward: g sum(n) + max_i max(g n_i + r n_(i+1),
+A unit not resharded after forward stays gathered from its forward to its backward (g per parameter, counted as held
+throughout: at the start of the backward, where the peak falls, all of them are) and no gather runs in its backward
+(nor is it prefetched there); with reshard_after_forward false for all: g sum(n) + max_i max(g n_i + r n_(i+1),
 g n_i + r n_i + r n_i / S).
 Of these, the unsharded parameters are storages FSDP2 resizes in place (not new tensors); the all-gather outputs,
 gradients and reduce-scatter inputs are new tensors each iteration (`new_storage_bytes`: what validate's live-bytes
@@ -39,6 +48,7 @@ all-gather's copy-out into the unit's parameters and the gradient's copy into th
 from __future__ import annotations
 
 from .. import costs
+from ..memo import per_object
 from ..schema import ParallelConfig, Profile
 
 PARAM_BYTES = 4  # fp32 sharded parameter = the optimizer's master weight
@@ -92,7 +102,38 @@ def backward_new_bytes(profile: Profile, layers: list[int]) -> list[tuple[int, i
     if not profile.parallel.fsdp:
         return [(0, 0)] * len(layers)
     _, during, post, _ = _units(profile, layers, parameters=False)
-    return list(zip(during, post))
+    return [(d, p) for (members, _), d, p in zip(units(profile, layers), during, post) for _ in members]
+
+
+@per_object
+def _tail(profile: Profile) -> frozenset[int]:
+    """The profile's final norm and output layer (torchtitan's [norm, output] unit): the trailing norm layers and the
+    output layer after the last decoder layer; empty where the layers' roles show no output layer."""
+    from ..exports.layout import LOSS, NORM, roles
+
+    try:
+        got = roles(profile)
+    except ValueError:  # no decoder layers to place the ends by
+        return frozenset()
+    if not got or got[-1] != LOSS:
+        return frozenset()
+    first = len(got) - 1
+    while first > 0 and got[first - 1] == NORM:
+        first -= 1
+    return frozenset(range(first, len(got)))
+
+
+def units(profile: Profile, layers: list[int]) -> list[tuple[list[int], bool]]:
+    """The FSDP units of a rank holding `layers` (global indices, in order), as torchtitan 0.3 wraps them (module
+    docstring): (their layers, resharded after forward), in order."""
+    tail, raf = _tail(profile), profile.parallel.reshard_after_forward
+    out: list[tuple[list[int], bool]] = []
+    for i in layers:
+        if i in tail and out and out[-1][0][-1] in tail:
+            out[-1][0].append(i)
+        else:
+            out.append(([i], raf and i not in tail))
+    return out
 
 
 def _peak(profile: Profile, layers: list[int], parameters: bool) -> int:
@@ -103,21 +144,26 @@ def _peak(profile: Profile, layers: list[int], parameters: bool) -> int:
 
 
 def _units(profile: Profile, layers: list[int], parameters: bool) -> tuple[list[int], list[int], list[int], int]:
-    """Per unit, bytes of FSDP2's transient tensors (module docstring) in its forward, its backward and its
+    """Per unit (`units`), bytes of FSDP2's transient tensors (module docstring) in its forward, its backward and its
     post-backward, and the bytes held throughout; `parameters`: with the gathered units' own parameters."""
     par = profile.parallel
-    n = [profile.layers[i].params for i in layers]
+    wrapped = units(profile, layers)
+    n = [sum(profile.layers[i].params for i in members) for members, _ in wrapped]
+    raf = [resharded for _, resharded in wrapped]
     g, r, s = gather_bytes(profile), REDUCE_BYTES, shard_ranks(par)
     p = g if parameters else 0  # bytes per parameter of a gathered unit's own parameters
     above = [n[j + 1] if j + 1 < len(n) else 0 for j in range(len(n))]
-    below = [n[j - 1] if j > 0 else 0 for j in range(len(n))]
-    if par.reshard_after_forward:  # forward: the unit, and the next one's all-gather output and copy-out target
-        held, own, fwd = 0, p, [p * a + (g + p) * up for a, up in zip(n, above)]
-    else:  # every unit stays gathered from its forward to its backward (held); no gather in backward
-        held, own, below, fwd = p * sum(n), 0, [0] * len(n), [0] * len(n)
+    up_raf = [raf[j + 1] if j + 1 < len(n) else True for j in range(len(n))]
+    # in backward, the unit below's all-gather (prefetched) where it was resharded after forward
+    below = [n[j - 1] if j > 0 and raf[j - 1] else 0 for j in range(len(n))]
+    own = [p * a if rs else 0 for a, rs in zip(n, raf)]  # not resharded: held (below)
+    held = sum(p * a for a, rs in zip(n, raf) if not rs)
+    # forward: the unit, and the next one's all-gather output and (resharded after forward) copy-out target; with
+    # none resharded, no all-gather's bytes matter beside the backward's
+    fwd = [o + (g + (p if ur else 0)) * up if any(raf) else 0 for o, up, ur in zip(own, above, up_raf)]
     # backward: the unit below's prefetched all-gather output, the unit's parameters and gradient, the unit above's
     # reduce-scatter input (held until this unit's post-backward)
-    during = [g * low + own * a + g * a + r * up for a, low, up in zip(n, below, above)]
+    during = [g * low + o + g * a + r * up for a, o, low, up in zip(n, own, below, above)]
     # post-backward, resharded: the gradient (alive until the reduction ends), its RS input and output (the shard)
     post = [g * low + g * a + r * a + r * a // s for a, low in zip(n, below)]
     return fwd, during, post, held

@@ -6,7 +6,8 @@ layer of the stage: in the wait for the gradient from the next stage); `grad_wai
 each (the gradient wait; the forward's TP collectives). All windows are divided by the interference factor.
 Memory at the stage's peak (the start of the backward of the oldest in-flight micro-batch): kept bytes of the
 in-flight micro-batches, plus what early placements have already regenerated, plus the two layers being recomputed
-around the backward's start.
+around the backward's start, plus, on the stage holding the loss, the loss's backward gradients
+(simulator.loss_grad_bytes, taken off the budget).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
     awaiting_w = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
     # what each micro-batch awaiting W holds beside its graph, whatever the plan (the simulator's count)
     held = awaiting_w * sum(simulator.held_until_w(profile, i, first) for i in range(first, end)) if awaiting_w else 0
+    # and the loss's gradients over its layer's backward, beside the in-flight micro-batches (the simulator's count)
+    held += max((simulator.loss_grad_bytes(profile.blocks[profile.layers[i].block]) for i in range(first, end)),
+                default=0)
     return StageModel(
         stage=s, first=first, end=end,
         in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
