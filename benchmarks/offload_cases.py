@@ -5,7 +5,7 @@
 A. llama3-8b on one H100 (h100-80g-nvlink: PCIe 5.0 x16, 55.6 GB/s measured), seq 8192, micro-batch 1, dp 8 with the
    distributed optimizer (ZeRO-1: the per-GPU view of an 8-GPU data-parallel job), 75.8 GiB usable: memory forces
    recomputation and the host link has spare bandwidth.
-B. The link as the bottleneck: the same model at seq 16384 on an H100 in a PCIe 4.0 host (a Gen5 card in a Gen4 server:
+B. The link as the bottleneck: the same model at seq 10240 on an H100 in a PCIe 4.0 host (a Gen5 card in a Gen4 server:
    26.8 / 26.2 GB/s D2H / H2D, the catalog's measured Gen4 figures; the hardware file is written under --out). One
    forward window's copies carry far less than the limit asks to leave: the offload plans send what the window
    carries and recompute the rest. The row "heu-offload, Gen5 link" plans the same profile with the H100's PCIe 5.0
@@ -35,7 +35,7 @@ ALGOS = ("opt-offload", "heu-offload", "heu", "full", "selective", "offload", "f
 CASES = {
     "A: llama3-8b, H100 PCIe 5.0, seq 8192": ["llama3-8b", "--hardware", "h100-80g-nvlink", "--seq-len", "8192",
                                               "--dp", "8"],
-    "B: llama3-8b, H100 in a PCIe 4.0 host, seq 16384": ["llama3-8b", "--hardware", "{gen4}", "--seq-len", "16384",
+    "B: llama3-8b, H100 in a PCIe 4.0 host, seq 10240": ["llama3-8b", "--hardware", "{gen4}", "--seq-len", "10240",
                                                          "--dp", "8"],
 }
 GEN5 = {"host_link": "pcie5-x16", "host_d2h_bytes_per_s": 55.6e9, "host_h2d_bytes_per_s": 55.6e9}

@@ -203,8 +203,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[list, str]:
     """Each budget's (fraction, memory limit, peers with their kept bytes and step times), and what became of the
-    SAC ILP."""
+    SAC ILP. One thread while it runs (the caller's count restored: a test process's other results depend on it)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> tuple[list, str]:
     load = os.getloadavg()
     overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
     profiles = {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],

@@ -64,8 +64,6 @@ def test_readme_worked_example_figures_reproduce(tmp_path):
 CHECKED = ["gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16", "gpt-1.3b-a100-80g-pcie-tp2-pp2-mb2-m8"]
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped profiles predate the current cost model (issue 31): run "
-                   "`python scripts/regenerate.py`, then delete this mark")
 def test_shipped_profiles_and_plans_reproduce_byte_for_byte(tmp_path):
     rows = [r for r in regenerate.PROFILES if regenerate.profile_name(*r) in CHECKED]
     for row in rows:
