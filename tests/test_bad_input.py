@@ -460,14 +460,14 @@ def _wait_for_highs(proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def test_ctrl_c_during_highs_exits_130_and_writes_nothing(tmp_path):
-    """The real thing: SIGINT while HiGHS solves OPT's MILP (the suite's slowest OPT case, about 30 s), at two
+    """The real thing: SIGINT while HiGHS solves OPT's MILP (qwen3-32b's bench case: about a minute), at two
     moments (two processes side by side), each of which must stop lynx within seconds, with exit 130 and no plan."""
     root = Path(__file__).resolve().parent.parent
-    prof = root / "profiles" / "gpt-2.7b-h100-80g-nvlink-tp2-pp4-mb4-m16.json"
+    prof = root / "profiles" / "qwen3-32b-h100-80g-nvlink-tp4-sp-pp4-mb1-s4096-m16.json"
     delays, procs = (0.5, 3.0), []
     for i in range(len(delays)):
         procs.append(subprocess.Popen([sys.executable, "-m", "lynx_planner.cli", "plan", str(prof), "--algo", "opt",
-                                       "--memory-limit", "10GiB", "-o", str(tmp_path / f"plan{i}.json")],
+                                       "--memory-limit", "40.3125GiB", "-o", str(tmp_path / f"plan{i}.json")],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root,
                                       preexec_fn=_sigint_default_in_child))
     for proc, delay in zip(procs, delays):
