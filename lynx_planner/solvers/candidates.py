@@ -288,6 +288,20 @@ def _prune(partials: list[tuple], tol_s: float = 0.0, tol_b: float = 0.0) -> lis
 _FIRST4, _COSTS = itemgetter(0, 1, 2, 3), itemgetter(1, 2, 3)
 
 
+def _stair_insert(xs: list, ys: list, i: int, s: float, b: float) -> None:
+    """Put (s, b) into a staircase (seconds ascending, bytes strictly descending) at position i = bisect_right(xs, s),
+    dropping the points at or right of it that it dominates (bytes >= b)."""
+    j, n = i, len(xs)
+    while j < n and ys[j] >= b:
+        j += 1
+    if j == i:
+        xs.insert(i, s)
+        ys.insert(i, b)
+    else:
+        xs[i:j] = [s]
+        ys[i:j] = [b]
+
+
 def _sweep_partials(items: list, tol_s: float, tol_b: float) -> list:
     """_sweep on partial policies ((kept, seconds, bytes, replays, ...), sorted), its lookups inlined: it runs for every
     state of every step of a block's search."""
@@ -306,29 +320,12 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float) -> list:
         out.append(item)
         if tol_s:
             i = bisect_right(xs, s)
-        # not dominated: no point of its own staircase at or left of s is as good, so it goes in
-        j, n = i, len(xs)
-        while j < n and ys[j] >= b:
-            j += 1
-        if j == i:
-            xs.insert(i, s)
-            ys.insert(i, b)
-        else:
-            xs[i:j] = [s]
-            ys[i:j] = [b]
+        _stair_insert(xs, ys, i, s, b)  # not dominated: no point of its staircase at or left of s is as good
         if mixed and not item[3]:  # also on the staircase of all, unless it has a point as good
             i = bisect_right(tx, s)
             if i and ty[i - 1] <= b:
                 continue
-            j, n = i, len(tx)
-            while j < n and ty[j] >= b:
-                j += 1
-            if j == i:
-                tx.insert(i, s)
-                ty.insert(i, b)
-            else:
-                tx[i:j] = [s]
-                ty[i:j] = [b]
+            _stair_insert(tx, ty, i, s, b)
     return out
 
 
@@ -352,15 +349,7 @@ def _sweep(items: list, costs, tol_s: float, tol_b: float) -> list:
             i = bisect_right(xs, s)
             if i > 0 and ys[i - 1] <= b:
                 continue  # this staircase already has a point as good
-            j, n = i, len(xs)
-            while j < n and ys[j] >= b:
-                j += 1
-            if j == i:
-                xs.insert(i, s)
-                ys.insert(i, b)
-            else:
-                xs[i:j] = [s]
-                ys[i:j] = [b]
+            _stair_insert(xs, ys, i, s, b)
     return out
 
 
