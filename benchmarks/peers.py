@@ -5,7 +5,8 @@
 
 The model is benchmarks/peers_llama.py: a Hugging Face Llama (8 layers, GQA with 8 query and 2 key/value heads,
 SwiGLU), fp32, one thread, a training step of forward, the logits' sum and backward. Peers, each on its own copy of
-the same weights, every decoder layer compiled on its own (as torchtitan compiles) except lynx eager's:
+the same weights, every decoder layer and the final norm compiled on its own (torchtitan compiles the layers) except
+lynx eager's:
 
   lynx-eager     HEU's plan of the eager profile (`lynx profile --method measure`), applied eagerly
   lynx-compiled  HEU's plan of the compiled profile (`lynx profile --method measure --compile`), applied compiled
@@ -104,6 +105,8 @@ def build(base: nn.Module, backend: str, *, plan=None, compiled: bool = True, bu
         if tier != "none":
             layer = wrap[tier](layer, f"layers.{i}")
         layers[i] = Compiled(layer, backend) if compiled else layer
+    if compiled:  # the final norm too: the compiled profile prices it compiled, and lynx's plans recompute in it
+        model.model.norm = Compiled(model.model.norm, backend)
     if compiled:
         with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget):
             step(model, example[0])
@@ -243,7 +246,7 @@ def _run(args: argparse.Namespace) -> tuple[list, str]:
         eager_model = build(base, args.backend, plan=plans[False], compiled=False)
         peers = [ref, Peer("lynx-eager", "HEU, eager profile", eager_model,
                            kept_bytes(eager_model, inputs[0], eager=True), eager=True)]
-        budgets = [round(1 - i / 20, 2) for i in range(21)]
+        budgets = [round(1 - i / 100, 2) for i in range(101)]  # kept bytes jump between budgets: fine steps
         r, model, kept = least_at_or_above(budgets, lambda b: build(base, args.backend, budget=b), ref.kept)
         peers.append(Peer("budget", f"activation_memory_budget={r}", model, kept))
         tiers, model, kept = least_at_or_above(tier_options(n), lambda t: build(base, args.backend, tiers=t), ref.kept)

@@ -5,7 +5,8 @@ transformer layers, DP = GPUs / (TP x PP), micro-batch size, micro-batch count f
 parallelism), discards those that do not fit even with full recomputation, and plans each of the others with
 Megatron's built-in recomputation (full, selective, block) and with HEU, so the layout that wins is the one whose
 recomputation hides best. Where HEU recomputes and the hardware has a host link (offload.py), HEU with offload is
-planned too: a layout may win by sending some of its activations to host memory.
+planned too, once every layout has its HEU row, on the layouts that can still enter the table: a layout may win by
+sending some of its activations to host memory.
 
 Layouts are visited from the fastest balanced ideal down (no recomputation, no transfers, equal stages: a bound that
 no plan of the layout beats), and a layout whose bound cannot enter the table any more is not planned. Searches run
@@ -367,7 +368,7 @@ def _row(layout: Layout, algo: str, short: Profile, full_m: int, limit: int, bou
 def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpus: int, heu: bool = True
                 ) -> list[Row]:
     """Rows for Megatron's full, selective and block recomputation (`none` when block needs no layer recomputed) and
-    (if `heu`) HEU on one layout, and HEU with offload where HEU recomputes and the hardware has a host link. A layout whose full recomputation does not fit gets one row, `full`, with fits
+    (if `heu`) HEU on one layout. A layout whose full recomputation does not fit gets one row, `full`, with fits
     false."""
     from .solvers import Problem, megatron
     from .solvers.heu import heu_strategy
@@ -388,15 +389,57 @@ def plan_layout(profile: Profile, layout: Layout, limit: int, tokens: float, gpu
     if heu:
         bounds, pols, evaluation = heu_strategy(short, limit, "auto")
         rows.append(_row(layout, "heu", short, m, limit, bounds, pols, evaluation, tokens, gpus))
-        if any(p.recompute for p in pols) and offload.rank_link(short) is not None:
-            # the hardware has a host link and HEU recomputes: HEU with offload may trade some of it for copies
-            from .solvers.offload import search as offload_search
-
-            got = offload_search(Problem(short, limit, partition="auto"), "heu-offload")
-            evaluation = ev.evaluate(short, ev.stage_plans(short, got.bounds, got.policies), ideal=False)
-            rows.append(_row(layout, "heu-offload", short, m, limit, got.bounds, got.policies, evaluation, tokens,
-                             gpus))
     return rows
+
+
+def offload_row(profile: Profile, layout: Layout, limit: int, tokens: float, gpus: int) -> Row:
+    """HEU with offload on one layout: HEU's recomputation traded for copies over the host link where they pay."""
+    from .solvers import Problem
+    from .solvers.offload import search as offload_search
+
+    short = short_profile(profile)
+    got = offload_search(Problem(short, limit, partition="auto"), "heu-offload")
+    evaluation = ev.evaluate(short, ev.stage_plans(short, got.bounds, got.policies), ideal=False)
+    return _row(layout, "heu-offload", short, profile.parallel.num_microbatches, limit, got.bounds, got.policies,
+                evaluation, tokens, gpus)
+
+
+def _table_bar(rows: list[Row], places: int) -> float:
+    """tokens/s per GPU of the `places`-th layout in the ranking (0 while fewer layouts fit): a row must beat it
+    to enter the table."""
+    seen: list[Layout] = []
+    for r in _rank(rows):
+        if r.layout not in seen:
+            seen.append(r.layout)
+            if len(seen) == places:
+                return r.tokens_per_s_per_gpu
+    return 0.0
+
+
+def offload_pass(rows: list[Row], planned: dict[Layout, tuple[float, Profile]], limit: int, tokens: float,
+                 gpus: int, places: int, progress: Callable[[int, int, str], None] | None = None,
+                 deadline: float | None = None) -> tuple[list[Row], bool]:
+    """HEU-with-offload rows, once every layout has its HEU row: on the layouts whose HEU plan recomputes, on
+    hardware with a host link, best HEU row first, skipping a layout whose balanced ideal (a bound on any of its
+    plans, offloading ones too) cannot beat the table's `places`-th layout or its own HEU row. Offload search costs
+    seconds a layout; only the layouts that can still change the table pay it. Also says whether `deadline`
+    (time.perf_counter()) cut the pass short."""
+    heu_rows = [r for r in _rank(rows) if r.algo == "heu" and any(p.recompute for p in r.policies)
+                and offload.rank_link(planned[r.layout][1]) is not None]
+    found: list[Row] = []
+    for i, r in enumerate(heu_rows):
+        if deadline is not None and time.perf_counter() > deadline:
+            return found, True
+        if progress:
+            progress(i, len(heu_rows), f"offload {r.layout.label()}")
+        bound_s, prof = planned[r.layout]
+        best_possible = tokens / bound_s / gpus
+        if best_possible <= max(_table_bar(rows + found, places), r.tokens_per_s_per_gpu):
+            continue
+        found.append(offload_row(prof, r.layout, limit, tokens, gpus))
+    if progress and heu_rows:
+        progress(len(heu_rows), len(heu_rows), "")
+    return found, False
 
 
 def simulate_full(profile: Profile, row: Row, limit: int, tokens: float, gpus: int) -> Row:
@@ -468,6 +511,7 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
     candidates.sort(key=lambda c: (c[0], c[1]))
     rows: list[Row] = []
     too_big = planned = megatron_only = pruned = 0
+    with_heu: dict[Layout, tuple[float, Profile]] = {}
     for i, (bound_s, lay, prof) in enumerate(candidates):
         if progress:
             progress(i, len(candidates), lay.label())
@@ -494,11 +538,16 @@ def tune(model: str, gpus: int, hw: Hardware, global_batch: int, seq_len: int = 
             too_big += 1
         elif any(r.algo == "heu" for r in got):
             planned += 1
+            with_heu[lay] = (bound_s, prof)
         else:
             megatron_only += 1
         rows += got
     if progress:
         progress(len(candidates), len(candidates), "")
+    if not hit:
+        found, hit = offload_pass(rows, with_heu, limit, tokens, gpus, top + 2, progress,
+                                  None if time_limit is None else t0 + time_limit)
+        rows += found
     top_rows, best_meg, best_plan, best_prof = _finish(rows, profiles, limit, tokens, gpus, top, make_plan)
     return TuneResult(_rank(rows) + [r for r in rows if not r.fits], top_rows, best_meg, best_plan, best_prof,
                       len(candidates), too_big, planned, megatron_only, pruned, hit, time.perf_counter() - t0)

@@ -81,6 +81,18 @@ def test_pruning_keeps_the_best(tiny):
     assert everything.best_megatron.tokens_per_s_per_gpu >= best_meg.tokens_per_s_per_gpu * (1 - 1e-9)
 
 
+def test_offload_pass_skips_only_layouts_that_cannot_enter_the_table(tiny):
+    """HEU with offload runs once every layout has its HEU row, on the layouts whose balanced ideal can still beat the
+    table: a one-row table tries fewer of them than a whole one, and finds the same best row."""
+    limit = limit_between(tiny, 8, 16, 1.5)
+    one = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=1, make_plan=False)
+    everything = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=1000, make_plan=False)
+    tried = [sum(r.algo == "heu-offload" for r in t.rows) for t in (one, everything)]
+    assert 0 < tried[0] < tried[1]
+    assert (one.top[0].layout, one.top[0].algo) == (everything.top[0].layout, everything.top[0].algo)
+    assert one.top[0].tokens_per_s_per_gpu == pytest.approx(everything.top[0].tokens_per_s_per_gpu)
+
+
 def test_best_layout_plan_checks_and_fits(tiny, tmp_path):
     limit = limit_between(tiny, 8, 16, 1.5)
     result = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=3)

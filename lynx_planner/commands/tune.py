@@ -96,8 +96,9 @@ def run(model: str, global_batch: int, hardware: str, gpus: str | None, seq_len:
             print_tune(model, gpus, hw, global_batch, seq_len, limit or default_memory_limit(hw), result)
         if result.time_limit_hit:
             left = result.enumerated - result.planned - result.megatron_only - result.too_big - result.pruned
-            err.print(f"note: --time-limit {time_limit:g} s reached: {left} of {result.enumerated} layouts were not "
-                      "planned; the table covers those reached")
+            what = (f"{left} of {result.enumerated} layouts were not planned" if left else
+                    "HEU with offload was not tried on every layout that could enter the table")
+            err.print(f"note: --time-limit {time_limit:g} s reached: {what}; the table covers those reached")
         if not result.top and result.time_limit_hit and one:
             raise InputError(f"--time-limit: {time_limit:g} s ran out before any layout of {model} on {gpus} x "
                              f"{hw.name} was planned")
