@@ -11,6 +11,8 @@ lynx eager's:
   lynx-eager     HEU's plan of the eager profile (`lynx profile --method measure`), applied eagerly
   lynx-compiled  HEU's plan of the compiled profile (`lynx profile --method measure --compile`), applied compiled
   budget         torch.compile's own partitioner at `torch._functorch.config.activation_memory_budget` = r
+  budget-below   the same at the next budget down (0.01 steps), where it keeps less than lynx-compiled: the two
+                 bracket lynx's memory (the partitioner's kept bytes jump between neighbouring budgets)
   sac-torchtitan torchtitan's SelectiveAC (its op save list, every second mm recomputed) on some layers, FullAC or
                  nothing on the others
   block          torchtitan's FullAC (checkpoint the whole block) on some layers, nothing on the others
@@ -148,7 +150,13 @@ def timed(model: nn.Module, tokens: torch.Tensor) -> float:
 def least_at_or_above(options: list, make, target: int) -> tuple[object, nn.Module, int]:
     """The option of fewest kept bytes at or above `target` (the peer holds at least lynx's memory); `options` run
     from most to fewest kept bytes (binary search: kept bytes fall along them)."""
-    lo, hi, best = 0, len(options) - 1, None
+    return bracket(options, make, target)[0]
+
+
+def bracket(options: list, make, target: int) -> tuple[tuple[object, nn.Module, int], tuple | None]:
+    """The option of fewest kept bytes at or above `target` and the one of most kept bytes below it (None: none
+    below), found by binary search over `options` (most to fewest kept bytes)."""
+    lo, hi, best, below = 0, len(options) - 1, None, None
     while lo <= hi:
         mid = (lo + hi) // 2
         model = make(options[mid])
@@ -156,11 +164,11 @@ def least_at_or_above(options: list, make, target: int) -> tuple[object, nn.Modu
         if kept >= target:
             best, lo = (options[mid], model, kept), mid + 1
         else:
-            hi = mid - 1
+            below, hi = (options[mid], model, kept), mid - 1
     if best is None:  # even the first option keeps less: report it as it is
         model = make(options[0])
         best = (options[0], model, kept_bytes(model, example[0], eager=False))
-    return best
+    return best, below
 
 
 def tier_options(n: int) -> list[tuple[str, ...]]:
@@ -247,8 +255,10 @@ def _run(args: argparse.Namespace) -> tuple[list, str]:
         peers = [ref, Peer("lynx-eager", "HEU, eager profile", eager_model,
                            kept_bytes(eager_model, inputs[0], eager=True), eager=True)]
         budgets = [round(1 - i / 100, 2) for i in range(101)]  # kept bytes jump between budgets: fine steps
-        r, model, kept = least_at_or_above(budgets, lambda b: build(base, args.backend, budget=b), ref.kept)
+        (r, model, kept), below = bracket(budgets, lambda b: build(base, args.backend, budget=b), ref.kept)
         peers.append(Peer("budget", f"activation_memory_budget={r}", model, kept))
+        if below is not None and below[2] < ref.kept:  # the partitioner's next budget down: less memory than lynx's
+            peers.append(Peer("budget-below", f"activation_memory_budget={below[0]}", below[1], below[2]))
         tiers, model, kept = least_at_or_above(tier_options(n), lambda t: build(base, args.backend, tiers=t), ref.kept)
         peers.append(Peer("sac-torchtitan", describe(tiers), model, kept))
         blocks = [("full",) * k + ("none",) * (n - k) for k in range(n + 1)]
@@ -286,6 +296,10 @@ def table(rows, args, load_before, load_after, ilp: str) -> str:
         verdicts.append(f"{fraction:.2f}: {'met' if med >= 1.0 and ref.kept <= budget.kept else 'not met'} "
                         f"(budget ÷ lynx-compiled {med:.3f}, kept {budget.kept / 2**20:.2f} vs "
                         f"{ref.kept / 2**20:.2f} MiB)")
+        below = next((p for p in peers if p.name == "budget-below"), None)
+        if below is not None:
+            verdicts[-1] += (f", the next budget down keeps {below.kept / 2**20:.2f} MiB at "
+                             f"{quartiles(ratios(below, ref))[1]:.3f}")
     lines.append(f"sac-ilp: {ilp}")
     lines.append("budget: fraction of the way from full to no recomputation's peak; ratio > 1: slower than "
                  "lynx-compiled")
