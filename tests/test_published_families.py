@@ -23,7 +23,8 @@ TP = {"qwen3-next-80b.json": 2}  # TP 8 elsewhere; Qwen3-Next has 2 key/value he
 # (config, target) that export today; the others are refused, each naming what the target cannot build (post-norms,
 # tanh GeGLU, chunked attention in Megatron; torchtitan 0.3 has configs of a few shapes only)
 EXPORTS = {(name, "megatron") for name in ("kimi-k2.json", "deepseek-v3.json", "deepseek-v2-lite.json",
-                                           "glm4.5-air.json", "gpt-oss-120b.json", "phi3-mini-4k.json")} \
+                                           "glm4.5-air.json", "gpt-oss-120b.json", "phi3-mini-4k.json",
+                                           "qwen3-next-80b.json")} \
     | {("gpt-oss-120b.json", "torchtitan")}
 _NOT_CONFIG = ("_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype",
                "quantization_config")
@@ -66,8 +67,10 @@ def test_profile_plan_check_export(name, tmp_path):
              "--num-microbatches", 8, "--hardware", "h100-80g-nvlink")
     assert r.exit_code == 0, r.output
     # HEU on the small dense ones; Megatron's selective recomputation (every layer type) on the large ones, to keep
-    # the suite short (HEU takes seconds per large model)
-    algo = "heu" if name in ("phi3-mini-4k.json", "olmo2-7b.json", "gemma3-27b.json") else "selective"
+    # the suite short (HEU takes seconds per large model); Qwen3-Next's Gated DeltaNet layers keep more than
+    # selective recomputation frees within the limit: HEU
+    algo = "heu" if name in ("phi3-mini-4k.json", "olmo2-7b.json", "gemma3-27b.json", "qwen3-next-80b.json") \
+        else "selective"
     r = lynx("plan", prof, "--algo", algo, "-o", plan)
     assert r.exit_code == 0, r.output
     r = lynx("check", plan)

@@ -47,13 +47,14 @@ def read(f, model_type: str) -> dict:
         kinds = [_KINDS[t] for t in given]
     else:
         kinds = ["linear" if (i + 1) % interval else "full" for i in range(n)]
-    gdn = LinearAttentionSpec(key_heads=f.get("linear_num_key_heads", 16), value_heads=f.get("linear_num_value_heads", 32),
+    key_heads, value_heads = f.get("linear_num_key_heads", 16), f.get("linear_num_value_heads", 32)
+    if value_heads % key_heads:
+        raise InputError(f"{f.where}: field 'linear_num_value_heads' ({value_heads}) must be a multiple of "
+                         f"'linear_num_key_heads' ({key_heads})")
+    gdn = LinearAttentionSpec(key_heads=key_heads, value_heads=value_heads,
                               key_head_dim=f.get("linear_key_head_dim", 128),
                               value_head_dim=f.get("linear_value_head_dim", 128),
                               conv_kernel=f.get("linear_conv_kernel_dim", 4))
-    if gdn.value_heads % gdn.key_heads:
-        raise InputError(f"{f.where}: field 'linear_num_value_heads' ({gdn.value_heads}) must be a multiple of "
-                         f"'linear_num_key_heads' ({gdn.key_heads})")
     shared = f.get("shared_expert_intermediate_size", 512)
     if not shared:
         raise InputError(f"{f.where}: field 'shared_expert_intermediate_size' must be at least 1 (Qwen3-Next's MoE "
