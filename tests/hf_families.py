@@ -49,6 +49,12 @@ CONFIGS["gpt_oss"] = {"model_type": "gpt_oss", **_COMMON, **_IDS, "head_dim": 16
 CONFIGS["llama4_text"] = {"model_type": "llama4_text", **_COMMON, **_IDS, "num_hidden_layers": 4, "head_dim": 16,
                           "intermediate_size": 32, "intermediate_size_mlp": 128, "num_local_experts": 4,
                           "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "attention_chunk_size": 32}
+# Qwen3-Next: two Gated DeltaNet layers and a gated softmax-attention one (full_attention_interval), MoE with a gated shared expert; on the CPU
+# transformers runs the delta rule with its torch fallback (chunks of 64, the sequence padded to them)
+CONFIGS["qwen3_next"] = {"model_type": "qwen3_next", **_COMMON, **_IDS, "head_dim": 16, **_MOE,
+                         "shared_expert_intermediate_size": 64, "linear_num_key_heads": 2,
+                         "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+                         "num_hidden_layers": 3, "full_attention_interval": 3}
 # DeepSeek-V3's first layers are dense (first_k_dense_replace): two layer kinds, named as the profiler names them
 CONFIGS["deepseek_v3_dense_first"] = {**CONFIGS["deepseek_v3"], "first_k_dense_replace": 1, "num_hidden_layers": 3}
 

@@ -41,6 +41,8 @@ def layer_kind(spec: ModelSpec, i: int, seq_len: int) -> tuple[str, bool]:
         kind = "full"
     if i in spec.nope_layers:
         kind = "nope"  # full attention without rotary: its own op graph
+    if i in spec.linear_layers:
+        kind = "linear"  # a linear-attention token mixer (Gated DeltaNet): its family's op graph
     return kind, spec.is_moe_layer(i)
 
 
@@ -145,7 +147,7 @@ def rank_params(spec: ModelSpec, par: ParallelConfig, i: int | bool) -> tuple[in
     h, t = spec.hidden, par.tp
     is_moe = i if isinstance(i, bool) else spec.is_moe_layer(i)
     norms = spec.layer_norms() * h
-    split, replicated = spec.attention_split_params()
+    split, replicated = spec.attention_split_params(None if isinstance(i, bool) else i)
     attn = split // t + replicated
     if not is_moe:
         return attn + spec.dense_mlp_params() // t + norms, 0

@@ -1,5 +1,6 @@
 """The Megatron-LM flags that build the profiled model (megatron/training/arguments.py and TransformerConfig's
 fields, megatron-core 0.19): sizes, norm, activation, positions (partial rotary), attention (GQA, MLA, q/k norms,
+an output gate, Gated DeltaNet layers (its experimental attention variant),
 sliding windows and their per-layer pattern, softmax sinks), biases, tied or untied output, vocabulary, MoE
 (experts, router, shared experts, dense layers), multi-token-prediction modules — or an InputError naming what
 Megatron cannot build (post-norms, tanh GeGLU, chunked attention, ...), so that an export never prints a different
@@ -23,6 +24,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     **{f: () for f in ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3",
                        "deepseek_v2", "phi3", "glm4_moe")},
     "gpt_oss": ("--quick-geglu", "--glu-linear-offset 1.0"),
+    # Qwen3-Next's RMSNorms scale by (1 + weight): Megatron's zero-centred gamma
+    "qwen3_next": ("--swiglu", "--apply-layernorm-1p"),
 }
 # What the other families' modules do that Megatron-core 0.19's GPTModel does not build (checked after the model's
 # own fields, which name most of it: post-norms, GeGLU, chunked attention).
@@ -30,14 +33,13 @@ NOT_BUILT = {
     "gemma3_text": "Gemma's (1 + weight) RMSNorm, embedding scaled by sqrt(hidden) and query_pre_attn_scalar",
     "olmo2": "OLMo 2's post-norms",
     "llama4_text": "Llama 4's chunked attention and router weighting the expert inputs",
-    "qwen3_next": "Qwen3-Next's Gated DeltaNet layers",
 }
 # ModelSpec fields these flags express; any other field set in a profile's architecture is refused (a field added
 # for a new feature must get its flag here before its models export).
 HANDLED = {"schema_version", "name", "source", "family", "num_layers", "hidden", "heads", "kv_heads", "head_dim",
            "ffn_hidden", "vocab", "norm", "mlp", "positions", "tie_embeddings", "qkv_bias", "qk_norm", "mla", "moe",
            "rope_theta", "norm_eps", "layer_types", "window", "attention_sinks", "o_bias", "mlp_bias",
-           "rotary_fraction", "mtp_layers", "swiglu_limit",
+           "rotary_fraction", "mtp_layers", "swiglu_limit", "attn_output_gate", "linear_attention", "linear_layers",
            "notes"}  # notes: what lynx approximated, not a model field
 MOE_HANDLED = {"experts", "top_k", "expert_ffn", "shared_experts", "shared_ffn", "shared_gate", "dense_layers",
                "step", "dense_ids", "bias", "norm_topk_prob", "scoring", "n_group", "topk_group", "scaling"}
@@ -172,6 +174,9 @@ def model_flags(spec: ModelSpec, par: ParallelConfig, where: str) -> list[str]:
         flags.append("--add-qkv-bias")
     if spec.qk_norm:
         flags.append("--qk-layernorm")
+    if spec.attn_output_gate:
+        flags.append("--attention-output-gate")
+    flags += linear_attention_flags(spec)
     flags += window_flags(spec)
     if spec.attention_sinks:
         flags.append("--softmax-type learnable")  # a learned logit per head in each softmax
@@ -184,6 +189,19 @@ def model_flags(spec: ModelSpec, par: ParallelConfig, where: str) -> list[str]:
     if spec.mtp_layers:  # each a decoder layer like the last, sharing the embedding and output layer
         flags.append(f"--mtp-num-layers {spec.mtp_layers}")
     return flags
+
+
+def linear_attention_flags(spec: ModelSpec) -> list[str]:
+    """Gated DeltaNet layers (Megatron-core's experimental attention variant `gated_delta_net`): their sizes and
+    which layers they are (--linear-attention-freq: 1 a linear-attention layer, 0 softmax attention)."""
+    g = spec.linear_attention
+    if g is None:
+        return []
+    bits = [int(i in spec.linear_layers) for i in range(spec.num_layers)]
+    return ["--experimental-attention-variant gated_delta_net", f'--linear-attention-freq "{pattern(bits)}"',
+            f"--linear-conv-kernel-dim {g.conv_kernel}", f"--linear-key-head-dim {g.key_head_dim}",
+            f"--linear-value-head-dim {g.value_head_dim}", f"--linear-num-key-heads {g.key_heads}",
+            f"--linear-num-value-heads {g.value_heads}"]
 
 
 def window_flags(spec: ModelSpec) -> list[str]:

@@ -3,6 +3,9 @@ Megatron's TransformerLayer runs it, with its module paths as op ids.
 
   self_attention.linear_qkv   TE LayerNormLinear: RMSNorm fused into the QKV GEMM; saves the norm's input (the
                               layer input), its output (the GEMM's input) and the fp32 rstd
+  self_attention.q_layernorm  (--qk-layernorm, Qwen3) TENorm: RMSNorm over each head's q, k; each saves its input
+  self_attention.k_layernorm  (q: the reshape's copy of the split; k: TE's contiguous copy of its view of the QKV
+                              output) and the fp32 rstd per head and token
   self_attention              fused rotary on q and k (saves nothing but the frequencies, a buffer); v made
                               contiguous for the fused attention (a view of the QKV output would hold all of it)
   self_attention.core_attention  fused attention: saves q, k, v, its output and the fp32 softmax statistics
@@ -18,8 +21,11 @@ quantised to one byte: the fused norms write it in fp8, linear_proj and linear_f
 saved fp8 copy (the attention output stays held in bf16 for the fused attention's backward). GEMM times are priced at
 the bf16 rate (fp8's faster GEMMs are not modelled).
 
-Priced for the dense RMSNorm/SwiGLU/rotary decoders with multi- or grouped-query attention (Llama, Mistral, Qwen2);
-MoE, MLA and q/k norms raise a ValueError (not priced yet).
+With per-head q/k norms that adds (2 + 2 kv/a) s·b·a·d/t bytes (the norms' inputs) and their rstd rows.
+
+Priced for the dense pre-norm RMSNorm/SwiGLU/rotary decoders with multi- or grouped-query attention and optional
+per-head q/k norms (Llama, Mistral, Qwen2, Qwen3); MoE, MLA, post/sandwich norms, one q/k norm over all heads,
+attention sinks and output gates raise a ValueError (not priced yet).
 """
 
 from __future__ import annotations
@@ -37,8 +43,12 @@ def _unsupported(spec: ModelSpec, is_moe: bool) -> str | None:
         return "multi-head latent attention"
     if is_moe:
         return "mixture-of-experts layers"
-    if spec.qk_norm:
-        return "q/k norms"
+    if spec.qk_norm and spec.qk_norm_scope != "head":
+        return "q/k norms over all heads"
+    if spec.norm_layout != "pre":
+        return f"{spec.norm_layout} norms"
+    if spec.attention_sinks or spec.attn_output_gate or spec.qk_l2_norm:
+        return "attention sinks, output gates and L2 q/k norms"
     if (spec.norm, spec.mlp, spec.positions) != ("rmsnorm", "swiglu", "rotary"):
         return f"{spec.norm}, {spec.mlp}, {spec.positions} positions"
     return None
@@ -79,8 +89,16 @@ def layer_block(spec: ModelSpec, par: ParallelConfig, hw: Hardware, name: str, k
     ln1 = _norm_linear_input(ops, "self_attention.linear_qkv", BLOCK_INPUT, n_loc, h, fp8)
     src = tp.before_column(ops, "self_attention.linear_qkv", costs.gemm_s(2.0 * n * h * (heads + 2 * kv) * d, hw))
     qkv = ops.gemm("self_attention.linear_qkv:gemm#0", n, h, (heads + 2 * kv) * d, saves=[ln1], inputs=[src])
-    q = ew(ops, "self_attention:fused_rope#0", ACT * n * heads * d, inputs=[qkv])
-    k = ew(ops, "self_attention:fused_rope#1", ACT * n * kv * d, inputs=[qkv])
+    q = k = qkv
+    if spec.qk_norm:  # TENorm on each head: saves its (contiguous) input and the fp32 rstd
+        q = ew(ops, "self_attention:reshape#0", ACT * n * heads * d, inputs=[qkv])
+        q = ops.elementwise("self_attention.q_layernorm:rmsnorm#0", ACT * n * heads * d, 2 * ACT * n * heads * d,
+                            3 * ACT * n * heads * d, inputs=[q], saves=[q], aux_bytes=STAT * n * heads)
+        k = ew(ops, "self_attention.k_layernorm:contiguous#0", ACT * n * kv * d, inputs=[qkv])
+        k = ops.elementwise("self_attention.k_layernorm:rmsnorm#0", ACT * n * kv * d, 2 * ACT * n * kv * d,
+                            3 * ACT * n * kv * d, inputs=[k], saves=[k], aux_bytes=STAT * n * kv)
+    q = ew(ops, "self_attention:fused_rope#0", ACT * n * heads * d, inputs=[q])
+    k = ew(ops, "self_attention:fused_rope#1", ACT * n * kv * d, inputs=[k])
     v = ew(ops, "self_attention:contiguous#0", ACT * n * kv * d, inputs=[qkv])
     flops = 2.0 * b * s * s * ops.context * heads * 2 * d  # non-causal, as FlopCounterMode counts; CP: all keys
     fwd = costs.attention_s(flops / 2, hw, per_head_flops=flops / 2 / (b * heads))  # causal: half the tiles

@@ -97,6 +97,39 @@ class MoESpec(_Spec):
         return self
 
 
+class LinearAttentionSpec(_Spec):
+    """Gated DeltaNet (Qwen3-Next's linear_attention layers): q/k/v/z from one in-projection and beta/a from another,
+    a short causal depthwise conv1d with SiLU over q, k and v, the gated delta rule over chunks of `chunk` tokens
+    (a recurrent state of key_head_dim x value_head_dim per value head), a gated RMSNorm (z) and the out-projection.
+    Each key head serves value_heads / key_heads value heads."""
+
+    key_heads: Width
+    value_heads: Width
+    key_head_dim: Width
+    value_head_dim: Width
+    conv_kernel: Width = Field(4, description="taps of the causal conv1d over q, k and v")
+    chunk: PositiveInt = Field(64, description="tokens per chunk of the chunked delta rule (transformers' and "
+                               "flash-linear-attention's 64)")
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv1d: q, k and v together."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+    def split_params(self, hidden: int) -> int:
+        """Parameters split over TP ranks (by heads): in_proj_qkvz, in_proj_ba, the conv1d, dt_bias and A_log (one
+        per value head), out_proj; the gated norm's weight (value_head_dim) is replicated."""
+        kd, vd, nv = self.key_heads * self.key_head_dim, self.value_heads * self.value_head_dim, self.value_heads
+        return hidden * (2 * kd + 2 * vd) + hidden * 2 * nv + self.conv_dim * self.conv_kernel + 2 * nv + vd * hidden
+
+    @model_validator(mode="after")
+    def _check(self) -> LinearAttentionSpec:
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"linear key heads ({self.key_heads}) must divide linear value heads "
+                             f"({self.value_heads})")
+        return self
+
+
 class ModelSpec(_Spec):
     """A decoder-only transformer. Sizes are of the whole model (tensor parallelism splits them in the profile)."""
 
@@ -140,6 +173,12 @@ class ModelSpec(_Spec):
                                          "attention, temperature-scaled queries)")
     swiglu_limit: float | None = Field(None, gt=0, description="gpt-oss's clamp of the gated MLP's inputs (the gate "
                                        "at most, the linear half within +-limit); recorded for exports")
+    linear_attention: LinearAttentionSpec | None = Field(None, description="the linear-attention layers' Gated "
+                                                         "DeltaNet (Qwen3-Next)")
+    linear_layers: tuple[int, ...] = Field((), description="layers whose token mixer is `linear_attention` instead "
+                                           "of softmax attention")
+    attn_output_gate: bool = Field(False, description="softmax attention's output times sigmoid of a gate that q_proj "
+                                   "also projects (Qwen3-Next: q_proj is twice as wide)")
     notes: tuple[str, ...] = Field((), description="approximations made in reading the model (printed by profile)")
     # Not sizes, but part of the model an export must build (None: the config does not say; transformers' default)
     rope_theta: float | None = Field(None, gt=0, description="rotary base (rotary positions)")
@@ -166,6 +205,10 @@ class ModelSpec(_Spec):
             for kind, size, what in (("sliding", self.window, "window"), ("chunked", self.chunk, "chunk")):
                 if kind in self.layer_types and size is None:
                     raise ValueError(f"layer_types has {kind!r} layers: {what} must be given")
+        if (self.linear_attention is None) != (not self.linear_layers):
+            raise ValueError("linear_layers and linear_attention are given together")
+        if any(i >= self.num_layers for i in self.linear_layers):
+            raise ValueError(f"linear_layers names a layer beyond num_layers ({self.num_layers})")
         return self
 
     def attention_kind(self, i: int) -> str:
@@ -202,9 +245,12 @@ class ModelSpec(_Spec):
 
     # ---------------------------------------------------------------------------------------------- parameters
 
-    def attention_split_params(self) -> tuple[int, int]:
-        """(attention parameters split over TP ranks, parameters replicated on each) of a softmax-attention layer."""
+    def attention_split_params(self, i: int | None = None) -> tuple[int, int]:
+        """(attention parameters split over TP ranks, parameters replicated on each) of layer i's token mixer (None:
+        a softmax-attention layer)."""
         h, a, kv, d = self.hidden, self.heads, self.kv, self.dim
+        if i is not None and i in self.linear_layers:
+            return self.linear_attention.split_params(h), self.linear_attention.value_head_dim
         if self.mla is not None:
             m = self.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -221,6 +267,8 @@ class ModelSpec(_Spec):
         split = h * a * d + 2 * h * kv * d + a * d * h + (a * d + 2 * kv * d if self.qkv_bias else 0) \
             + (a if self.attention_sinks else 0)
         replicated = h if self.o_bias else 0
+        if self.attn_output_gate:
+            split += h * a * d
         if self.qk_norm:
             if self.qk_norm_scope == "all":
                 split += a * d + kv * d
@@ -229,7 +277,7 @@ class ModelSpec(_Spec):
         return split, replicated
 
     def attention_params(self, i: int = 0) -> int:
-        split, replicated = self.attention_split_params()
+        split, replicated = self.attention_split_params(i)
         return split + replicated
 
     def dense_mlp_params(self) -> int:

@@ -37,7 +37,7 @@ COMMON_IGNORED = frozenset({
 })
 
 _MODULES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen_moe", "deepseek", "deepseek_v2", "phi3", "olmo2",
-            "gemma3", "glm4_moe", "gpt_oss", "llama4")
+            "gemma3", "glm4_moe", "gpt_oss", "llama4", "qwen3_next")
 
 
 def _load() -> tuple[dict[str, ModuleType], dict[str, ModuleType]]:
