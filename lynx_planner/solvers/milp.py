@@ -40,7 +40,7 @@ from ..io import raise_if_interrupted
 from ..memo import per_object
 from ..schema import Profile
 from .candidates import Candidate
-from .stage_model import RankMemory, StageModel, candidates_of
+from .stage_model import RankMemory, StageModel, candidates_of, end_tail_s
 
 MIB = float(1 << 20)
 REL_GAP = 1e-4
@@ -223,7 +223,9 @@ def solve(profile: Profile, models: list[StageModel], allowed: tuple[str, ...], 
         # rank M - 1 more times, the fill and drain one chunk per rank)
         m.obj = pyo.Objective(expr=(profile.parallel.num_microbatches - 1) * m.tau
                               + sum(m.t[s] for s in stages) / per_rank)
-        offset = 2 * sum(md.send_s for md in models) / MS
+        # and what runs after the last backward (the gradients' reduction, the optimizer step): fixed by the split
+        offset = (2 * sum(md.send_s for md in models)
+                  + end_tail_s(profile, [md.first for md in models] + [models[-1].end])) / MS
     else:
         raise ValueError(f"unknown MILP objective {objective!r}")
 
