@@ -190,6 +190,7 @@ def held_until_w(profile: Profile, index: int, first: int) -> int:
 LOSS_PREFIX = "loss:"  # op ids of the training stack's loss (analytic/decoder.py, analytic/gpt.py)
 
 
+@per_object
 def loss_grad_bytes(block: Block) -> int:
     """Bytes the loss's backward allocates beside the layer's kept tensors, from the start of the layer's backward to
     its end: log_softmax's backward holds the gradient of its output (from nll_loss) and the gradient it makes for the
@@ -199,10 +200,19 @@ def loss_grad_bytes(block: Block) -> int:
     return max((2 * op.aux_bytes for op in block.ops if op.id.startswith(LOSS_PREFIX)), default=0)
 
 
+@per_object
+def _costs_of(block: Block) -> dict[tuple, policy.PolicyCost]:
+    """policy.cost per (keep, recompute) of a block, as the plans' lists give them: a search simulates the same
+    policies many times."""
+    return {}
+
+
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
     block = profile.blocks[profile.layers[index].block]
-    info = policy.analyse(block)
-    c = policy.cost(info, frozenset(pol.keep), tuple(pol.recompute))
+    costs_of, key = _costs_of(block), (tuple(pol.keep), tuple(pol.recompute))
+    c = costs_of.get(key)
+    if c is None:
+        c = costs_of[key] = policy.cost(policy.analyse(block), frozenset(pol.keep), key[1])
     fwd, bwd, fwd_streams, bwd_streams = segments_named(profile, block)
     kept, rec = c.kept_bytes, c.recomputed_bytes
     trigger = None

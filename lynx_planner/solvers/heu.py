@@ -375,9 +375,9 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
             transitions[key] = (starts, exposed, list(by_units.values()), table)
         starts, exposed, option, table = transitions[key]
-        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure
-        np.take(sliding_window_view(dp, r), starts, axis=0, out=table, mode="clip")
-        table += exposed
+        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
+        # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
+        np.add(sliding_window_view(dp, r)[starts], exposed, out=table)
         steps.append((dp, starts, exposed, option))
         dp = np.concatenate([dp[:r], table.min(axis=0)])
     dp = dp[r:]
