@@ -190,6 +190,7 @@ def held_until_w(profile: Profile, index: int, first: int) -> int:
 LOSS_PREFIX = "loss:"  # op ids of the training stack's loss (analytic/decoder.py, analytic/gpt.py)
 
 
+@per_object
 def loss_grad_bytes(block: Block) -> int:
     """Bytes the loss's backward allocates beside the layer's kept tensors, from the start of the layer's backward to
     its end: log_softmax's backward holds the gradient of its output (from nll_loss) and the gradient it makes for the
@@ -199,10 +200,19 @@ def loss_grad_bytes(block: Block) -> int:
     return max((2 * op.aux_bytes for op in block.ops if op.id.startswith(LOSS_PREFIX)), default=0)
 
 
+@per_object
+def _costs_of(block: Block) -> dict[tuple, policy.PolicyCost]:
+    """policy.cost per (keep, recompute) of a block, as the plans' lists give them: a search simulates the same
+    policies many times."""
+    return {}
+
+
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
     block = profile.blocks[profile.layers[index].block]
-    info = policy.analyse(block)
-    c = policy.cost(info, frozenset(pol.keep), tuple(pol.recompute))
+    costs_of, key = _costs_of(block), (tuple(pol.keep), tuple(pol.recompute))
+    c = costs_of.get(key)
+    if c is None:
+        c = costs_of[key] = policy.cost(policy.analyse(block), frozenset(pol.keep), key[1])
     fwd, bwd, fwd_streams, bwd_streams = segments_named(profile, block)
     kept, rec = c.kept_bytes, c.recomputed_bytes
     trigger = None
@@ -961,51 +971,61 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     on this rank's parameters (its DP shard with the distributed optimizer). Then, with the distributed optimizer,
     the updated weights are all-gathered: exposed, or hidden in the next iteration's forward with
     --overlap-param-gather."""
+    if profile.parallel.dp * profile.parallel.cp == 1 and not profile.parallel.optimizer_step:
+        return
+    p = len(stage_layers)
+    for s, (runs, r) in enumerate(zip(stage_layers, results)):
+        end = end_of_iteration(profile, s, p, [run.index for run in runs], [sum(run.bwd) for run in runs], r.end_s,
+                               events)
+        r.grad_reduce_exposed_s = max(0.0, end - r.end_s)
+        r.end_s = end
+
+
+def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s: list[float], end_s: float,
+                     events: list[dict] | None = None, dp_free_s: float = 0.0) -> float:
+    """When rank `s` of `p` ends the iteration (reduce_gradients says what it runs): its `layers` (bottom up) with
+    their last backward's seconds `bwd_s`, that backward ending at `end_s`; the DP stream is free from `dp_free_s`."""
     par, hw = profile.parallel, profile.hardware
     if par.dp * par.cp == 1 and not par.optimizer_step:
-        return
-    bus = streams.bus(profile, "dp")
-    expert_bus = costs.group_link(hw, par.dp * par.cp // par.ep, par.tp * par.ep)  # expert-DP: ranks tp x ep apart
-    p = len(stage_layers)
-    tied = tied_embedding_params(profile)
+        return end_s
 
-    def event(s: int, name: str, start: float, dur: float) -> None:
+    def event(name: str, start: float, dur: float) -> None:
         if events is not None and dur > 0:
             events.append({"name": name, "ph": "X", "pid": s, "tid": "dp collective", "ts": start * 1e6,
                            "dur": dur * 1e6})
 
-    for s, (runs, r) in enumerate(zip(stage_layers, results)):
-        ready = r.end_s  # the bottom layer's gradients are complete when the last backward ends
-        ready_at = []
-        for run in runs:  # bottom up: a layer is done before the backward of the layers below it
-            ready_at.append(ready if par.overlap_grad_reduce else r.end_s)
-            ready -= sum(run.bwd)
-        params = [profile.layers[run.index].params for run in runs]
-        experts = [profile.layers[run.index].expert_params for run in runs]
-        sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
-        t = 0.0
-        for run, dt, at in zip(reversed(runs), reversed(sync), reversed(ready_at)):
-            start = max(t, at)
-            event(s, f"DP grad L{run.index}", start, dt)
-            t = start + dt
-        t = max(t, r.end_s)
-        if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
-            copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
-            event(s, "DP bucket copies", t, copies)
-            t += copies
-        if par.optimizer_step:
-            ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
-            step = optimizer_step_s(profile, sum(params), tied if ends else 0, p, sum(experts))
-            event(s, "optimizer step", t, step)
-            t += step
-        if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
-            gather = costs.all_gather_s(PARAM_BYTES * (sum(params) - sum(experts)), par.dp * par.cp, bus)
-            if sum(experts):
-                gather += costs.all_gather_s(PARAM_BYTES * sum(experts), par.dp * par.cp // par.ep, expert_bus)
-            event(s, "DP param all-gather", t, gather)
-            t += gather
-        r.grad_reduce_exposed_s = max(0.0, t - r.end_s)
-        r.end_s = t
+    ready = end_s  # the bottom layer's gradients are complete when the last backward ends
+    ready_at = []
+    for dt in bwd_s:  # bottom up: a layer is done before the backward of the layers below it
+        ready_at.append(ready if par.overlap_grad_reduce else end_s)
+        ready -= dt
+    params = [profile.layers[i].params for i in layers]
+    experts = [profile.layers[i].expert_params for i in layers]
+    sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
+    t = dp_free_s
+    for i, dt, at in zip(reversed(layers), reversed(sync), reversed(ready_at)):
+        start = max(t, at)
+        event(f"DP grad L{i}", start, dt)
+        t = start + dt
+    t = max(t, end_s)
+    if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
+        copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
+        event("DP bucket copies", t, copies)
+        t += copies
+    if par.optimizer_step:
+        ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
+        step = optimizer_step_s(profile, sum(params), tied_embedding_params(profile) if ends else 0, p, sum(experts))
+        event("optimizer step", t, step)
+        t += step
+    if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
+        gather = costs.all_gather_s(PARAM_BYTES * (sum(params) - sum(experts)), par.dp * par.cp,
+                                    streams.bus(profile, "dp"))
+        if sum(experts):  # expert-DP: ranks tp x ep apart
+            gather += costs.all_gather_s(PARAM_BYTES * sum(experts), par.dp * par.cp // par.ep,
+                                         costs.group_link(hw, par.dp * par.cp // par.ep, par.tp * par.ep))
+        event("DP param all-gather", t, gather)
+        t += gather
+    return t
 
 
 def tied_embedding_params(profile: Profile) -> int:

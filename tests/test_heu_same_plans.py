@@ -1,7 +1,7 @@
 """HEU's speed-ups of issue 29 return what the plain computations return (benchmarks/heu_identical.py checks whole
 plans byte for byte over the catalog, the bench suites and the audit's suite): candidate searches that go on from an
-earlier try and skip pruning lists a shift leaves pruned, option frontiers found with numpy, and the knapsack traced
-back from its dp rather than from kept tables."""
+earlier try and skip pruning lists a shift leaves pruned, option frontiers found with numpy, the knapsack traced
+back from its dp rather than from kept tables, and plans simulated once per search."""
 
 from __future__ import annotations
 
@@ -167,3 +167,29 @@ def test_opt_stopped_before_a_plan_says_time_limit(monkeypatch):
     heu = solvers.solve(prof, "heu", limit)
     assert opt.solver.status == "time_limit" and opt.solver.source == "heu" and opt.solver.bound_s is None
     assert opt.evaluation.predicted.iteration_time_s == heu.evaluation.predicted.iteration_time_s
+
+
+@pytest.mark.parametrize("schedule, v, repeats", [("1f1b", 1, True), ("zero-bubble", 1, True),
+                                                 ("interleaved-1f1b", 2, False)])
+def test_a_plan_simulated_again_is_looked_up_and_the_search_is_the_same(schedule, v, repeats, monkeypatch):
+    """HEU looks up a plan it simulated before in the same search (heu._simulations): its split, policies and figures
+    are those of a search that simulates every time, and it simulates fewer times where that search repeats a plan."""
+    from contextlib import nullcontext
+
+    from lynx_planner import evaluate as ev
+
+    prof = small_profile(tp=2, pp=4, m=16, layers=16)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(
+        update={"schedule": schedule, "virtual_stages": v})})
+    limit = between(prof, 0.3)
+    calls, real = [], ev.evaluate
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    candidates.reset_caches()
+    looked_up = heu.heu_strategy(prof, limit, "auto")
+    n = len(calls)
+    monkeypatch.setattr(heu, "_simulations", nullcontext)
+    candidates.reset_caches()
+    plain = heu.heu_strategy(prof, limit, "auto")
+    assert looked_up[0] == plain[0] and looked_up[1] == plain[1]
+    assert looked_up[2].predicted.model_dump_json() == plain[2].predicted.model_dump_json()  # (NaN ideal: not ==)
+    assert (n < len(calls) - n) if repeats else (n == len(calls) - n)

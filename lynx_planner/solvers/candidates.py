@@ -370,5 +370,6 @@ def reset_caches() -> None:
     from ..evaluate import _ideal_times
 
     _memo.clear()
-    for fn in (policy.analyse, simulator.block_segments, _ideal_times):
+    for fn in (policy.analyse, simulator.block_segments, _ideal_times, simulator.loss_grad_bytes,
+               simulator._costs_of):
         fn.cache_clear()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -375,9 +376,9 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
             transitions[key] = (starts, exposed, list(by_units.values()), table)
         starts, exposed, option, table = transitions[key]
-        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure
-        np.take(sliding_window_view(dp, r), starts, axis=0, out=table, mode="clip")
-        table += exposed
+        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
+        # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
+        np.add(sliding_window_view(dp, r)[starts], exposed, out=table)
         steps.append((dp, starts, exposed, option))
         dp = np.concatenate([dp[:r], table.min(axis=0)])
     dp = dp[r:]
@@ -566,8 +567,30 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     return bounds
 
 
+_SIMULATED: list[dict] = []  # the open search's simulations (see _simulations)
+
+
+@contextmanager
+def _simulations():
+    """Within this block, a plan simulated before is looked up, not simulated again (the simulator is deterministic):
+    a search meets the same plan several times (a repair that changed nothing, a re-planned contender that came out
+    the same, a contender judged again at full length)."""
+    _SIMULATED.append({})
+    try:
+        yield
+    finally:
+        _SIMULATED.pop()
+
+
 def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> ev.Evaluation:
-    return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
+    if not _SIMULATED:
+        return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
+    key = (id(profile), tuple(bounds), tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values())
+                                             for p in pols))
+    hit = _SIMULATED[-1].get(key)
+    if hit is None:  # holding the profile keeps its id from being reused
+        hit = _SIMULATED[-1][key] = (profile, ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False))
+    return hit[1]
 
 
 def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
@@ -738,7 +761,8 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     """HEU's split and policies, with their full-length evaluation. Keeping everything on Megatron's even split is
     one of HEU's plans too: where it fits and simulates faster, it wins (the stage model can over-count memory, e.g.
     under deferred weight passes, and then recompute for nothing)."""
-    best = _heu_strategy(profile, limit, partition, placements)
+    with _simulations():
+        best = _heu_strategy(profile, limit, partition, placements)
     bounds = even_bounds(profile, n_chunks(profile))
     evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
     if evaluation.fits(limit) and evaluation.better_than(best[2], limit):

@@ -170,6 +170,31 @@ def share_limit(profile: Profile, first: int, end: int, limit: int) -> int:
     return own + (limit - profile.extra_static_bytes - v * (own - profile.extra_static_bytes)) // v
 
 
+def end_tail_s(profile: Profile, bounds: list[int]) -> float:
+    """Seconds the iteration runs on after rank 0's last backward (where the MILP's iteration ends): the most, over
+    ranks, of a rank's end of iteration (its gradients' reduction, the optimizer step: simulator.end_of_iteration)
+    less how much earlier its own last backward ends. That is at least the backwards and sends of the chunks below
+    its lowest one, where every rank ends on its lowest chunk's last backward (1F1B, interleaved, GPipe); otherwise
+    (zero bubble's W last) taken as nothing."""
+    par = profile.parallel
+    if par.dp * par.cp == 1 and not par.optimizer_step:
+        return 0.0
+    p, v, m = par.pp, par.virtual_stages, par.num_microbatches
+    bwd = [[sum(b) for _, b in simulator.stage_segments(profile, bounds[c], bounds[c + 1])]
+           for c in range(len(bounds) - 1)]
+    chained = all(schedules.order(par.schedule, p, v, r, m)[-1] == ("B", r, m - 1) for r in range(p))
+    out, ahead = 0.0, 0.0
+    for r in range(p):
+        mine = schedules.chunks_of(p, v, r)
+        layers = [i for c in mine for i in range(bounds[c], bounds[c + 1])]
+        tail = simulator.end_of_iteration(profile, r, p, layers, [t for c in mine for t in bwd[c]], 0.0,
+                                          dp_free_s=float("-inf"))
+        out = max(out, tail - ahead)
+        if chained:  # rank r + 1's last backward sends its gradient to rank r's, which runs after it
+            ahead += sum(bwd[r]) + simulator.send_s(profile, simulator.boundary_bytes(profile, bounds[r + 1] - 1))
+    return out
+
+
 def p2p_wait_s(profile: Profile, first: int, end: int) -> float:
     """Hideable work in the gradient wait of a balanced pipeline: the transfer of the gradient itself."""
     if end == len(profile.layers):
