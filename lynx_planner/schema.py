@@ -315,10 +315,11 @@ class LocalRuntime(_Model):
                                                   description="a pipeline send between two local processes")
     p2p_latency_s: float | None = Field(None, ge=0, exclude_if=lambda v: v is None)
     item_s: list[float] = Field(default_factory=list, exclude_if=lambda v: not v,
-                                description="per pipeline rank, CPU seconds per forward or backward item besides "
-                                "the chunk's layers: torch's stage and schedule, posting and waiting on the item's "
-                                "sends and receives, the loss on the last rank (validate's), and the communication "
-                                "threads' CPU times comm_cpu_share")
+                                description="per pipeline rank, its training thread's CPU seconds per forward or "
+                                "backward item besides the chunk's layers: torch's stage and schedule, posting and "
+                                "waiting on the item's sends and receives, the loss on the last rank (validate's)")
+    item_comm_s: list[float] = Field(default_factory=list, exclude_if=lambda v: not v,
+                                     description="per pipeline rank, its communication threads' CPU seconds per item")
     grad_scale_s_per_param: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
                                           description="the pipeline schedule's gradient scaling by 1 / micro-batches "
                                           "at the iteration's end, per parameter of the rank")

@@ -12,6 +12,11 @@ One rank runs these streams side by side (docs/timeline.md draws them):
   cp exchange       ring attention's K/V chunk exchange inside each attention (parallel/cp.py)
   copy engine       host <-> device copies of offloaded activations (offload.py: the link, its queues, host memory)
 
+A profile measured on a CPU for a job lynx validate runs there (schema.LocalRuntime, profiler/runtime.py) adds what
+that job's runtime costs besides the layers: a measured gloo send for the pp link (pp_link), per-item CPU of the
+schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), and the communication threads' CPU
+where it comes out of compute (collective_cpu_s). Every other profile has none and its timeline is unchanged.
+
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
 it waits for, and they are where the side stream hides recomputation. This module says how long each wait is; the
@@ -89,7 +94,9 @@ def item_overhead_s(profile: Profile, rank: int) -> float:
     schedule and stage, posting and waiting on the item's sends and receives, the loss on the last rank, and where
     no core is spare the communication threads): a measured CPU profile's LocalRuntime.item_s; 0 elsewhere."""
     rt = profile.runtime
-    return rt.item_s[rank] if rt is not None and rank < len(rt.item_s) else 0.0
+    if rt is None or rank >= len(rt.item_s):
+        return 0.0
+    return rt.item_s[rank] + rt.comm_cpu_share * (rt.item_comm_s[rank] if rank < len(rt.item_comm_s) else 0.0)
 
 
 def grad_scale_s(profile: Profile, params: int) -> float:
@@ -198,16 +205,12 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     params = [profile.layers[i].params for i in layers]
     ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
     rs = [fsdp.reduce_scatter_s(n, par, shard, rep) for n in params]
-    ag_cpu, rs_cpu = collective_cpu_s(profile, params)
     regather = fsdp.gathers_in_backward(par)
+    stolen = collective_steal_s(profile, params)
     rec = on_demand_s or [0.0] * len(layers)
     out = []
     for j in range(len(layers)):
-        # where the communication threads' CPU comes out of compute (a CPU without a core to spare: collective_cpu_s),
-        # the all-gather running beside layer j-1's forward, and the next lower all-gather and this layer's
-        # reduce-scatter beside its backward, lengthen that compute and shorten the wait by as much
-        f_steal = ag_cpu[j] if j > 0 else 0.0  # the lowest layer's all-gather is waited for whole: no compute beside
-        b_steal = (ag_cpu[j - 1] if j > 0 and regather else 0.0) + rs_cpu[j]
+        f_steal, b_steal = stolen[j]
         before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1] - f_steal)
         bwd_before = ag[j] if regather and j == len(layers) - 1 else 0.0
         comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j] - b_steal)
@@ -224,6 +227,16 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), rec_beside=min(rec[j], comm),
                               spans=tuple(spans), fwd_copy=fc + f_steal, bwd_copy=bc + b_steal))
     return out
+
+
+def collective_steal_s(profile: Profile, params: list[int]) -> list[tuple[float, float]]:
+    """Per layer of a chunk (its `params`, bottom up), the compute-stream seconds FSDP's collectives take from its
+    forward and its backward where their communication threads share the ranks' cores (collective_cpu_s): the
+    all-gather of layer j runs beside layer j-1's forward (the lowest layer's is waited for whole: nothing beside it);
+    the next lower layer's all-gather and layer j's reduce-scatter beside layer j's backward. Zeros elsewhere."""
+    ag, rs = collective_cpu_s(profile, params)
+    regather = fsdp.gathers_in_backward(profile.parallel)
+    return [(ag[j] if j > 0 else 0.0, (ag[j - 1] if j > 0 and regather else 0.0) + rs[j]) for j in range(len(params))]
 
 
 def collective_cpu_s(profile: Profile, params: list[int]) -> tuple[list[float], list[float]]:

@@ -13,7 +13,7 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
   the profiled model's own gradients.
 - FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
-  bytes), the collectives FSDP2 runs per unit.
+  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit.
 
 Whether the communication threads' CPU delays the compute depends on the cores: where the job's threads, each rank's
 compute threads and one communication thread, outnumber the cores (2 ranks of 1 thread on 2 cores), every second
@@ -35,14 +35,14 @@ from .. import schedules
 from ..schema import LocalRuntime, ParallelConfig
 
 WARMUP = 2
-LARGE = 4 << 20  # bytes of the collectives measured (FSDP)
+MAX_COLLECTIVE = 64 << 20  # bytes: the largest collective measured (FSDP: the largest layer's, up to this)
 
 
 def applies(par: ParallelConfig, device: str) -> bool:
     """Whether a measured profile of this setup gets a LocalRuntime: a CPU job lynx validate runs."""
     if device != "cpu" or par.tp != 1 or par.cp != 1:
         return False
-    pipeline = par.pp > 1 and par.dp == 1
+    pipeline = par.pp > 1 and par.dp == 1 and par.num_microbatches >= par.pp  # torch's schedules need m >= pp
     fsdp = par.fsdp and par.pp == 1 and par.dp > 1 and par.hsdp_shard_size is None
     return pipeline or fsdp
 
@@ -135,15 +135,15 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
         dist.destroy_process_group()
 
 
-def _fsdp_worker(rank: int, world: int, port: int, threads: int, repeats: int, out_dir: str) -> None:
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300))
     try:
-        full = torch.ones(LARGE // 4)
-        shard = torch.ones(LARGE // 4 // world)
+        full = torch.ones(nbytes // 4)
+        shard = torch.ones(nbytes // 4 // world)
 
         def comm_cpu(fn) -> float:
             """The communication threads' CPU of one collective (the process's less this thread's), median."""
@@ -159,8 +159,8 @@ def _fsdp_worker(rank: int, world: int, port: int, threads: int, repeats: int, o
         gather = comm_cpu(lambda: dist.all_gather_into_tensor(full, shard))
         scatter = comm_cpu(lambda: dist.reduce_scatter_tensor(shard, full))
         if rank == 0:
-            Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / LARGE,
-                                                              "reduce_scatter": scatter / LARGE}))
+            Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
+                                                              "reduce_scatter": scatter / nbytes}))
     finally:
         dist.destroy_process_group()
 
@@ -174,7 +174,7 @@ def grad_scale_s_per_param(model: torch.nn.Module, m: int, repeats: int) -> floa
         return 0.0
     grads = [torch.zeros_like(p) for p in params]
     times = []
-    for _ in range(WARMUP + repeats):
+    for _ in range(WARMUP + max(repeats, 10)):  # a fraction of a millisecond: more runs than the blocks get
         t0 = time.thread_time()
         for g in grads:
             g.div_(m)
@@ -183,9 +183,10 @@ def grad_scale_s_per_param(model: torch.nn.Module, m: int, repeats: int) -> floa
 
 
 def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, boundary: tuple[int, ...],
-            output: tuple[int, ...], dtype: str, threads: int, repeats: int) -> LocalRuntime:
+            output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int) -> LocalRuntime:
     """The LocalRuntime of the job `par` describes (applies() must hold): `inputs` the first stage's example
-    inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs."""
+    inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs,
+    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size)."""
     import logging
 
     import torch.multiprocessing as mp
@@ -206,9 +207,13 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
             return LocalRuntime(
                 cores=cores, ranks=world, comm_cpu_share=share, p2p_bytes_per_s=float(f"{bw:.4g}"),
                 p2p_latency_s=float(f"{lat:.4g}"),
-                item_s=[float(f"{(r['outside'] + share * r['comm']) / items(par, i):.4g}") for i, r in enumerate(ranks)],
+                item_s=[float(f"{r['outside'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
+                item_comm_s=[float(f"{r['comm'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
                 grad_scale_s_per_param=float(f"{grad_scale_s_per_param(model, par.num_microbatches, repeats):.4g}"))
-        mp.spawn(_fsdp_worker, args=(world, _free_port(), threads, repeats, out_dir), nprocs=world, join=True)
+        # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
+        nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
+                 join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
