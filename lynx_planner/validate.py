@@ -14,7 +14,9 @@ kept bytes of the micro-batches in flight plus, with a split backward, the graph
 peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients); on an FSDP rank, with
 the tensors FSDP2 makes anew each iteration beside them (fsdp_peak). The iteration time is wall time between barriers. Predicted backward includes the exposed
 recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
-else 1).
+else 1). Besides the chunks, the training thread's CPU (schedule, sends and receives, the loss, gradient scaling)
+and the communication threads' are measured, and predicted where the profile measured the job's runtime
+(LocalRuntime, profiler/runtime.py: the simulator charges them to the compute stream).
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ class StageTimes:
     compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
     activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
     held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
-    # measured only (the model has no such terms; docs/guide.md "Checking a plan on this machine"): CPU time of the
-    # training thread outside the forward and backward chunks (the schedule's bookkeeping, posting and waiting on
-    # sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's communication)
+    # CPU time of the training thread outside the forward and backward chunks (the schedule's bookkeeping, posting
+    # and waiting on sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's
+    # communication); predicted from a profile's LocalRuntime (runtime_cpu), else measured only
     outside_compute_s: float = 0.0
     comm_threads_s: float = 0.0
 
