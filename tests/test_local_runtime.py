@@ -53,11 +53,12 @@ def test_items_are_a_ranks_forwards_and_backwards():
 
 
 def test_which_setups_get_one():
-    assert local_runtime.applies(ParallelConfig(pp=2), "cpu")
+    assert local_runtime.applies(ParallelConfig(pp=2, num_microbatches=4), "cpu")
     assert local_runtime.applies(ParallelConfig(dp=2, fsdp=True), "cpu")
-    assert not local_runtime.applies(ParallelConfig(pp=2), "cuda")  # a GPU profile is unchanged
+    assert not local_runtime.applies(ParallelConfig(pp=2, num_microbatches=4), "cuda")  # a GPU profile is unchanged
+    assert not local_runtime.applies(ParallelConfig(pp=2, num_microbatches=1), "cpu")  # torch's schedules: m >= pp
     assert not local_runtime.applies(ParallelConfig(pp=1), "cpu")  # one rank: no job
-    assert not local_runtime.applies(ParallelConfig(tp=2, pp=2), "cpu")  # validate runs tp = 1
+    assert not local_runtime.applies(ParallelConfig(tp=2, pp=2, num_microbatches=4), "cpu")  # validate: tp = 1
     assert not local_runtime.applies(ParallelConfig(dp=2), "cpu")  # plain DP: validate does not run it
 
 

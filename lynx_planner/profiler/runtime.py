@@ -35,6 +35,7 @@ from .. import schedules
 from ..schema import LocalRuntime, ParallelConfig
 
 WARMUP = 2
+LINK_BYTES = 16 << 20  # the large send of the ping-pong (as calibrate's): its time is mostly bandwidth
 MAX_COLLECTIVE = 64 << 20  # bytes: the largest collective measured (FSDP: the largest layer's, up to this)
 
 
@@ -124,8 +125,8 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
         link = None
         if rank < 2:
             lat = ping_pong(rank, 4, "cpu", 2 * repeats, peer=1 - rank)
-            big = ping_pong(rank, 1 << 20, "cpu", repeats, peer=1 - rank)
-            link = [(1 << 20) / max(big - lat, 1e-9), lat]
+            big = ping_pong(rank, LINK_BYTES, "cpu", repeats, peer=1 - rank)
+            link = [LINK_BYTES / max(big - lat, 1e-9), lat]
         else:
             dist.barrier()  # the ping-pong's barriers
             dist.barrier()
