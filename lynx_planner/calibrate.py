@@ -88,6 +88,27 @@ def _compute(device: str, repeats: int) -> dict[str, float]:
             "attention_efficiency": min(1.0, attn_flops / attn_s / top), "memory_bytes_per_s": 2 * nbytes / copy_s}
 
 
+def ping_pong(rank: int, nbytes: int, device: str, repeats: int, peer: int | None = None) -> float:
+    """One-way seconds of a send of `nbytes` between this rank and `peer` (ranks 0 and 1 by default): the median of
+    `repeats` round trips, halved. Every rank of the group calls it (one barrier)."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    peer = 1 - rank if peer is None else peer
+    buf = torch.zeros(max(1, nbytes // 4), device=device)
+
+    def once():
+        if rank < peer:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+    dist.barrier()
+    return _median_time(once, repeats, sync) / 2
+
+
 def _links(rank: int, world: int, port: int, device: str, threads: int, repeats: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -101,26 +122,16 @@ def _links(rank: int, world: int, port: int, device: str, threads: int, repeats:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     small, large = 4, 16 << 20  # bytes
 
-    def ping_pong(nbytes: int) -> float:
-        buf = torch.zeros(max(1, nbytes // 4), device=device)
-
-        def once():
-            if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-        dist.barrier()
-        return _median_time(once, repeats, sync) / 2  # one way
+    def ping_pong_(nbytes: int) -> float:
+        return ping_pong(rank, nbytes, device, repeats)
 
     def all_reduce(nbytes: int) -> float:
         buf = torch.zeros(max(1, nbytes // 4), device=device)
         dist.barrier()
         return _median_time(lambda: dist.all_reduce(buf), repeats, sync)
 
-    p2p_lat = ping_pong(small)
-    p2p_bw = large / max(ping_pong(large) - p2p_lat, 1e-9)
+    p2p_lat = ping_pong_(small)
+    p2p_bw = large / max(ping_pong_(large) - p2p_lat, 1e-9)
     ar_lat = all_reduce(small)
     factor = 2 * (world - 1) / world
     ar_bus = factor * large / max(all_reduce(large) - ar_lat, 1e-9)

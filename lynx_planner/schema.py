@@ -299,6 +299,36 @@ class ModelInfo(_Model):
                                                 description="the ModelSpec the profile was built from")
 
 
+class LocalRuntime(_Model):
+    """What the multi-rank job's runtime costs on the CPU a profile was measured on, besides the layers' compute
+    (lynx_planner/profiler/runtime.py measures it with `lynx profile --method measure` on a CPU, for the jobs `lynx
+    validate` runs there: a gloo pipeline, or a data-parallel FSDP2 job). A catalog or GPU profile has none; the
+    simulator reads it through streams.py."""
+
+    backend: str = Field("gloo", description="the communication backend measured")
+    cores: PositiveInt = Field(description="CPU cores of the machine")
+    ranks: PositiveInt = Field(description="processes of the job measured (pp, or dp under FSDP)")
+    comm_cpu_share: float = Field(ge=0, le=1, description="share of the communication threads' CPU that comes out "
+                                  "of the rank's compute: 1 where the job's threads (ranks x (threads + 1)) "
+                                  "outnumber the cores, else 0")
+    p2p_bytes_per_s: PositiveFloat | None = Field(None, exclude_if=lambda v: v is None,
+                                                  description="a pipeline send between two local processes")
+    p2p_latency_s: float | None = Field(None, ge=0, exclude_if=lambda v: v is None)
+    item_s: list[float] = Field(default_factory=list, exclude_if=lambda v: not v,
+                                description="per pipeline rank, its training thread's CPU seconds per forward or "
+                                "backward item besides the chunk's layers: torch's stage and schedule, posting and "
+                                "waiting on the item's sends and receives, the loss on the last rank (validate's)")
+    item_comm_s: list[float] = Field(default_factory=list, exclude_if=lambda v: not v,
+                                     description="per pipeline rank, its communication threads' CPU seconds per item")
+    grad_scale_s_per_param: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                          description="the pipeline schedule's gradient scaling by 1 / micro-batches "
+                                          "at the iteration's end, per parameter of the rank")
+    all_gather_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                             description="communication threads' CPU per byte gathered (output)")
+    reduce_scatter_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                                 description="communication threads' CPU per byte reduced (input)")
+
+
 class Profile(_Model):
     """What the planner knows about one model in one parallel setup on one kind of hardware."""
 
@@ -325,6 +355,9 @@ class Profile(_Model):
     compiled: bool = Field(False, exclude_if=lambda v: v is False,
                            description="blocks measured as torch.compile runs them (lynx profile --compile): fused "
                            "times, compiled dropout masks")
+    runtime: LocalRuntime | None = Field(None, exclude_if=lambda v: v is None,
+                                         description="the local job's runtime costs besides the layers (measured "
+                                         "CPU profiles of a multi-rank job); None: none modelled")
 
     @model_validator(mode="after")
     def _check_layers(self) -> Profile:

@@ -283,6 +283,21 @@ def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[La
     return out
 
 
+def with_item_overhead(runs: list[LayerRun], overhead: float) -> list[LayerRun]:
+    """A chunk's layers with the rank's per-item overhead (streams.item_overhead_s) as compute before each of its
+    forward and backward items: on the first busy segment of its lowest layer's forward and of its top layer's
+    backward (where the item starts)."""
+    if overhead <= 0 or not runs:
+        return runs
+
+    def first(segs: tuple[float, ...]) -> tuple[float, ...]:
+        return (segs[0] + overhead,) + segs[1:] if segs else segs
+    runs = list(runs)
+    runs[0] = replace(runs[0], fwd=first(runs[0].fwd))
+    runs[-1] = replace(runs[-1], bwd=first(runs[-1].bwd), bwd_input=first(runs[-1].bwd_input))
+    return runs
+
+
 def stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
     """Each layer's forward and backward busy and idle seconds in a chunk [first, end) without recomputation, the
     waits between layers included (what the searches' stage models read)."""
@@ -719,9 +734,13 @@ def boundary_bytes(profile: Profile, layer: int) -> int:
 
 
 def p2p_bus(profile: Profile) -> tuple[float, float]:
-    """The link between neighbouring pipeline stages: tp x dp ranks apart on the p2p link in Megatron's rank order,
-    else tp x pp apart on the collective one."""
+    """The link between neighbouring pipeline stages: the send measured on this CPU where a measured profile has one
+    (streams.pp_link), else tp x dp ranks apart on the p2p link in Megatron's rank order, else tp x pp apart on the
+    collective one."""
     par = profile.parallel
+    local = streams.pp_link(profile)  # measured with the job on this CPU
+    if local is not None:
+        return local
     if par.rank_order == "tp-dp-pp":
         return costs.p2p_link(profile.hardware, par.tp * par.dp)
     return costs.link(profile.hardware, par.tp * par.pp)
@@ -770,6 +789,9 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         raise ValueError(f"{n_chunks} virtual stages for pp {p} x {v} virtual stages")
     events: list[dict] | None = [] if trace else None
     split = schedules.get(par.schedule).splits_backward
+    if profile.runtime is not None:
+        stage_layers = [with_item_overhead(runs, streams.item_overhead_s(profile, schedules.rank_of(p, c)))
+                        for c, runs in enumerate(stage_layers)]
     tables = [_rank_tables(par.schedule, p, v, r, m) for r in range(p)]
     orders = [t[0] for t in tables]
     stages = []
@@ -971,7 +993,8 @@ def reduce_gradients(profile: Profile, stage_layers: list[list[LayerRun]], resul
     on this rank's parameters (its DP shard with the distributed optimizer). Then, with the distributed optimizer,
     the updated weights are all-gathered: exposed, or hidden in the next iteration's forward with
     --overlap-param-gather."""
-    if profile.parallel.dp * profile.parallel.cp == 1 and not profile.parallel.optimizer_step:
+    if profile.parallel.dp * profile.parallel.cp == 1 and not profile.parallel.optimizer_step \
+            and profile.runtime is None:
         return
     p = len(stage_layers)
     for s, (runs, r) in enumerate(zip(stage_layers, results)):
@@ -986,7 +1009,7 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
     """When rank `s` of `p` ends the iteration (reduce_gradients says what it runs): its `layers` (bottom up) with
     their last backward's seconds `bwd_s`, that backward ending at `end_s`; the DP stream is free from `dp_free_s`."""
     par, hw = profile.parallel, profile.hardware
-    if par.dp * par.cp == 1 and not par.optimizer_step:
+    if par.dp * par.cp == 1 and not par.optimizer_step and profile.runtime is None:
         return end_s
 
     def event(name: str, start: float, dur: float) -> None:
@@ -1008,6 +1031,11 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
         event(f"DP grad L{i}", start, dt)
         t = start + dt
     t = max(t, end_s)
+    if par.pp > 1 and (scale := streams.grad_scale_s(profile, sum(params))) > 0:  # torch's pipeline schedule
+        if events is not None:  # compute-stream work (the rank's training thread)
+            events.append({"name": "gradient scaling", "ph": "X", "pid": s, "tid": streams.COMPUTE,
+                           "ts": t * 1e6, "dur": scale * 1e6})
+        t += scale
     if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
         copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
         event("DP bucket copies", t, copies)

@@ -12,6 +12,11 @@ One rank runs these streams side by side (docs/timeline.md draws them):
   cp exchange       ring attention's K/V chunk exchange inside each attention (parallel/cp.py)
   copy engine       host <-> device copies of offloaded activations (offload.py: the link, its queues, host memory)
 
+A profile measured on a CPU for a job lynx validate runs there (schema.LocalRuntime, profiler/runtime.py) adds what
+that job's runtime costs besides the layers: a measured gloo send for the pp link (pp_link), per-item CPU of the
+schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), and the communication threads' CPU
+where it comes out of compute (collective_cpu_s). Every other profile has none and its timeline is unchanged.
+
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
 it waits for, and they are where the side stream hides recomputation. This module says how long each wait is; the
@@ -73,6 +78,32 @@ def bus(profile: Profile, group: str) -> tuple[float, float]:
             return costs.p2p_link(hw, g.stride)
         return costs.link(hw, g.size * g.stride)
     return costs.group_link(hw, g.size, g.stride)
+
+
+def pp_link(profile: Profile) -> tuple[float, float] | None:
+    """(bandwidth, latency) of a pipeline send measured with the profile's job on this CPU (its LocalRuntime), or
+    None: the hardware's links price it (simulator.p2p_bus)."""
+    rt = profile.runtime
+    if rt is None or rt.p2p_bytes_per_s is None:
+        return None
+    return rt.p2p_bytes_per_s, rt.p2p_latency_s or 0.0
+
+
+def item_overhead_s(profile: Profile, rank: int) -> float:
+    """Compute-stream seconds a pipeline rank spends per forward or backward item besides its chunk's layers (torch's
+    schedule and stage, posting and waiting on the item's sends and receives, the loss on the last rank, and where
+    no core is spare the communication threads): a measured CPU profile's LocalRuntime.item_s; 0 elsewhere."""
+    rt = profile.runtime
+    if rt is None or rank >= len(rt.item_s):
+        return 0.0
+    return rt.item_s[rank] + rt.comm_cpu_share * (rt.item_comm_s[rank] if rank < len(rt.item_comm_s) else 0.0)
+
+
+def grad_scale_s(profile: Profile, params: int) -> float:
+    """The pipeline schedule's gradient scaling by 1 / micro-batches at a rank's iteration end (torch's
+    stage.scale_grads; Megatron folds it into the loss): a measured CPU profile's per-parameter CPU; 0 elsewhere."""
+    rt = profile.runtime
+    return rt.grad_scale_s_per_param * params if rt is not None else 0.0
 
 
 def copy_link(profile: Profile):
@@ -175,12 +206,14 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
     rs = [fsdp.reduce_scatter_s(n, par, shard, rep) for n in params]
     regather = fsdp.gathers_in_backward(par)
+    stolen = collective_steal_s(profile, params)
     rec = on_demand_s or [0.0] * len(layers)
     out = []
     for j in range(len(layers)):
-        before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1])
+        f_steal, b_steal = stolen[j]
+        before = ag[j] if j == 0 else max(0.0, ag[j] - fwd_s[j - 1] - f_steal)
         bwd_before = ag[j] if regather and j == len(layers) - 1 else 0.0
-        comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j])
+        comm = 0.0 if j == 0 else max(0.0, (ag[j - 1] if regather else 0.0) + rs[j] - bwd_s[j] - b_steal)
         # the trace's spans: this layer's all-gather ending as its forward compute starts (after the wait); in
         # backward, the next lower layer's all-gather from its start (resharded), then this layer's reduce-scatter
         # once its compute ends (the wait after it, if any, is these outlasting it)
@@ -192,8 +225,30 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
                       rs[j]))
         fc, bc = fsdp.copies_s(profile, params[j])
         out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), rec_beside=min(rec[j], comm),
-                              spans=tuple(spans), fwd_copy=fc, bwd_copy=bc))
+                              spans=tuple(spans), fwd_copy=fc + f_steal, bwd_copy=bc + b_steal))
     return out
+
+
+def collective_steal_s(profile: Profile, params: list[int]) -> list[tuple[float, float]]:
+    """Per layer of a chunk (its `params`, bottom up), the compute-stream seconds FSDP's collectives take from its
+    forward and its backward where their communication threads share the ranks' cores (collective_cpu_s): the
+    all-gather of layer j runs beside layer j-1's forward (the lowest layer's is waited for whole: nothing beside it);
+    the next lower layer's all-gather and layer j's reduce-scatter beside layer j's backward. Zeros elsewhere."""
+    ag, rs = collective_cpu_s(profile, params)
+    regather = fsdp.gathers_in_backward(profile.parallel)
+    return [(ag[j] if j > 0 else 0.0, (ag[j - 1] if j > 0 and regather else 0.0) + rs[j]) for j in range(len(params))]
+
+
+def collective_cpu_s(profile: Profile, params: list[int]) -> tuple[list[float], list[float]]:
+    """Per layer (its `params`), the compute-stream seconds FSDP's all-gather and reduce-scatter of it take where
+    their communication threads run on the cores the ranks compute on (a measured CPU profile's LocalRuntime: the
+    threads' CPU per byte, times comm_cpu_share); zeros elsewhere (a GPU's collectives run beside its compute)."""
+    rt = profile.runtime
+    if rt is None or not rt.comm_cpu_share:
+        return [0.0] * len(params), [0.0] * len(params)
+    g = fsdp.gather_bytes(profile)
+    return ([rt.comm_cpu_share * rt.all_gather_cpu_s_per_byte * g * n for n in params],
+            [rt.comm_cpu_share * rt.reduce_scatter_cpu_s_per_byte * fsdp.REDUCE_BYTES * n for n in params])
 
 
 def grad_sync_s(profile: Profile, params: list[int], experts: list[int] | None = None,

@@ -14,7 +14,9 @@ kept bytes of the micro-batches in flight plus, with a split backward, the graph
 peak is the plan's activation peak (kept plus recomputed tensors, no transient gradients); on an FSDP rank, with
 the tensors FSDP2 makes anew each iteration beside them (fsdp_peak). The iteration time is wall time between barriers. Predicted backward includes the exposed
 recomputation, as the measured one does. Precision and threads follow the profile (fp32 on CPU; the profile's threads,
-else 1).
+else 1). Besides the chunks, the training thread's CPU (schedule, sends and receives, the loss, gradient scaling)
+and the communication threads' are measured, and predicted where the profile measured the job's runtime
+(LocalRuntime, profiler/runtime.py: the simulator charges them to the compute stream).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from . import schedules, simulator
+from . import schedules, simulator, streams
 from .parallel import fsdp
 from .io import InputError, find_beside, load_model
 from .schema import Plan, Profile
@@ -44,9 +46,9 @@ class StageTimes:
     compute_wall_s: float = 0.0  # wall time of the forward and backward chunks (vs their CPU time: the CPU share)
     activation_bytes: int = 0  # peak of the bytes of storages created during the iteration (gradients included)
     held_at_backward_bytes: int = 0  # the most held when a backward started (kept activations of in-flight batches)
-    # measured only (the model has no such terms; docs/guide.md "Checking a plan on this machine"): CPU time of the
-    # training thread outside the forward and backward chunks (the schedule's bookkeeping, posting and waiting on
-    # sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's communication)
+    # CPU time of the training thread outside the forward and backward chunks (the schedule's bookkeeping, posting
+    # and waiting on sends and receives, the loss, gradient scaling), and of the process's other threads (gloo's
+    # communication); predicted from a profile's LocalRuntime (runtime_cpu), else measured only
     outside_compute_s: float = 0.0
     comm_threads_s: float = 0.0
 
@@ -74,15 +76,46 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
         if par.fsdp:
             peak = max(peak, fsdp_peak(profile, runs, peak))
+            # the communication threads' CPU the simulator charges to compute: theirs, not the training thread's
+            stolen = streams.collective_steal_s(profile, [profile.layers[r.index].params for r in runs])
+            fwd -= sum(f for f, _ in stolen)
+            bwd -= sum(b for _, b in stolen)
         fwd += sum(sum(r.fwd[0::2]) for r in runs)
         bwd += sum(sum(r.bwd_input[0::2]) + r.wgrad_s if split else sum(r.bwd[0::2]) for r in runs)
         kept[c] = sum(r.kept_bytes for r in runs)
         after_b[c] = sum(r.kept_bytes + r.rec_bytes + r.wgrad_bytes for r in runs) if split else 0
     pred = plan.predicted.stages[stage]
     held = held_at_backward(schedules.order(par.schedule, par.pp, par.virtual_stages, stage, m), kept, after_b)
+    besides, comm = runtime_cpu(profile, plan, stage)
     return StageTimes(forward_s=m * fwd, backward_s=m * bwd + pred.exposed_recompute_s,
                       recompute_in_backward_s=pred.exposed_recompute_s, recompute_early_s=pred.hidden_recompute_s,
-                      activation_bytes=peak, held_at_backward_bytes=held)
+                      activation_bytes=peak, held_at_backward_bytes=held, outside_compute_s=besides,
+                      comm_threads_s=comm)
+
+
+def runtime_cpu(profile: Profile, plan: Plan, rank: int) -> tuple[float, float]:
+    """What a measured CPU profile's LocalRuntime says a rank's training thread spends per iteration besides its
+    chunks (pipeline: per forward and backward item, and the gradient scaling) and its communication threads (per
+    item; FSDP: every all-gather and reduce-scatter at the measured CPU per byte). The simulator charges the first and
+    comm_cpu_share of the second to the compute stream. (0, 0) without one."""
+    from .profiler.runtime import items
+
+    par = profile.parallel
+    if profile.runtime is None:
+        return 0.0, 0.0
+    layers = [i for c in schedules.chunks_of(par.pp, par.virtual_stages, rank) for i in range(*plan.stages[c].layers)]
+    params = [profile.layers[i].params for i in layers]
+    rt = profile.runtime
+    besides = comm = 0.0
+    if par.pp > 1 and rank < len(rt.item_s):
+        n = items(par, rank)
+        besides = n * rt.item_s[rank] + streams.grad_scale_s(profile, sum(params))
+        comm = n * rt.item_comm_s[rank] if rank < len(rt.item_comm_s) else 0.0
+    if par.fsdp and rt.comm_cpu_share:
+        ag, rs = streams.collective_cpu_s(profile, params)
+        gathers = 2 if fsdp.gathers_in_backward(par) else 1  # the top layer's backward gather counts too
+        comm = par.num_microbatches * (gathers * sum(ag) + sum(rs)) / profile.runtime.comm_cpu_share
+    return besides, comm
 
 
 def fsdp_peak(profile: Profile, runs, activation_peak: int) -> int:
@@ -432,7 +465,7 @@ def summary(run_: PlanRun) -> dict:
     cpu = sum(st.forward_s + st.backward_s for rep in run_.stages for st in rep)
     wall = sum(st.compute_wall_s for rep in run_.stages for st in rep)
     return {"plan": run_.name, "algo": run_.plan.algo, "profile_method": run_.profile.method,
-            "hardware": run_.profile.hardware.name, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
+            "hardware": run_.profile.hardware.name, "runtime": run_.profile.runtime is not None, "stages": stages, "cpu_share": cpu / wall if wall else 1.0,
             "iteration": {"predicted_s": pred, "measured_s": med, "spread_s": [lo, hi],
                           "predicted_over_measured": pred / med, "repeats": run_.iterations_s}}
 
@@ -456,11 +489,14 @@ def table(summaries: list[dict]) -> str:
             lines.append(f"  stage {st['stage']:<37}{'predicted':>10}  {'measured':>10}")
             for label, key, scale, digits in rows:
                 lines.append(f"    {label:<39}{p[key] / scale:>10.{digits}f}  {m[key] / scale:>10.{digits}f}")
-            # measured only: what the CPU does besides the chunks (not in the model: reading the iteration's gap)
+            # what the CPU does besides the chunks: predicted where the profile measured the job's runtime
+            # (LocalRuntime)
+            modelled = s.get("runtime", False)
             for label, key in (("schedule, sends and loss, CPU s", "outside_compute_s"),
                                ("communication threads, CPU s", "comm_threads_s")):
                 if key in m:  # (summaries written before these were measured have none)
-                    lines.append(f"    {label:<39}{'-':>10}  {m[key]:>10.4f}")
+                    pred = f"{p[key]:>10.4f}" if modelled and p.get(key) else f"{'-':>10}"
+                    lines.append(f"    {label:<39}{pred}  {m[key]:>10.4f}")
         busy = [sum(st[k]["forward_s"] + st[k]["backward_s"] for st in s["stages"]) for k in ("predicted", "measured")]
         lines.append(f"  compute (forward + backward, all stages): predicted {busy[0]:.4f} s, measured CPU "
                      f"{busy[1]:.4f} s, predicted/measured {busy[0] / busy[1]:.3f}")

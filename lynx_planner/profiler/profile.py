@@ -26,6 +26,7 @@ from ..analytic import bytes_per_param
 from ..io import InputError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import compiled as compiled_block
+from . import runtime as local_runtime
 from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
 from .recorder import is_attention_kernel, op_clock, tensors_in
@@ -261,9 +262,33 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
             warn(f"{path}: measured times vary by {spread:.0%} between runs (interquartile range over the median of "
                  f"each block's {repeats} runs, weighted by its share of the time): the machine is busy, or use more "
                  "--repeats; the times are medians")
+    local = None
+    if method == "measure" and local_runtime.applies(parallel, device) and autocast is None:
+        try:
+            local = _local_runtime(slots, parallel, model, inputs, model_dtype(model) or "fp32", used_threads,
+                                   repeats, context)
+        except Exception as e:  # the profile stands without it (a model torch's pipeline cannot run, say)
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            warn(f"{path}: could not measure the {parallel.pp if parallel.pp > 1 else parallel.dp}-rank job's "
+                 f"runtime on this CPU ({last}): the profile prices none of it (schedule, sends, loss, "
+                 "communication threads)")
     return Profile(model=_model_info(path, model, groups, extra), parallel=parallel, hardware=hardware, method=method,
                    attention=_attention(traces), dropout=_dropout(model), blocks=blocks, layers=layers,
-                   dtype=model_dtype(model), autocast=autocast, compiled=compile)
+                   dtype=model_dtype(model), autocast=autocast, compiled=compile, runtime=local)
+
+
+def _local_runtime(slots: list[LayerSlot], parallel: ParallelConfig, model, inputs: tuple, dtype: str, threads: int,
+                   repeats: int, context):
+    """What the job costs on this CPU besides its layers (profiler/runtime.py), with the shapes its chunks send: the
+    input of the middle layer (a boundary between chunks) and the last layer's output (the loss's input)."""
+    middle = split_arguments(slots[len(slots) // 2].args, slots[len(slots) // 2].kwargs or {})[0]
+    last = slots[-1]
+    with torch.no_grad(), context():
+        out = last.module(*last.args, **(last.kwargs or {}))
+    out = tensors_in(out if isinstance(out, tuple) else (out,))
+    return local_runtime.measure(parallel, model=model, inputs=inputs, boundary=tuple(middle.shape),
+                                 output=tuple(out[0].shape), dtype=dtype, threads=threads, repeats=repeats,
+                                 unit_params=max(sum(p.numel() for p in s.module.parameters()) for s in slots))
 
 
 def _block_input(slot: LayerSlot) -> torch.Tensor | None:

@@ -1,0 +1,221 @@
+"""What a multi-rank job costs on this CPU besides its layers' compute (schema.LocalRuntime), measured for the jobs
+`lynx validate` runs here: a gloo pipeline (pp ranks, tp = dp = 1) or a data-parallel FSDP2 job (dp ranks, pp = 1).
+
+The block times of a measured profile are one process's layers alone. A real job also runs, on the same cores:
+torch's pipeline schedule and stage bookkeeping, the posting and waiting on every send and receive, the loss, the
+gradient scaling at the iteration's end, and gloo's communication threads, which copy every byte sent, gathered or
+reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in the block times):
+
+- pipeline: torch's own schedule (the profile's) run on `pp` processes whose chunks are null modules (one scalar
+  weight; outputs of the real boundary and output shapes, so every send and the loss are the real sizes): per rank,
+  its training thread's CPU besides the null chunks' forwards, and its communication threads' CPU (the process's
+  less the training thread's), per forward or backward item of its order; a gloo ping-pong between ranks 0 and 1
+  (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
+  the profiled model's own gradients.
+- FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
+  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit.
+
+Whether the communication threads' CPU delays the compute depends on the cores: where the job's threads, each rank's
+compute threads and one communication thread, outnumber the cores (2 ranks of 1 thread on 2 cores), every second
+they run is taken from a rank's compute (comm_cpu_share 1); with a core to spare for each, nothing (0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from .. import schedules
+from ..schema import LocalRuntime, ParallelConfig
+
+WARMUP = 2
+LINK_BYTES = 16 << 20  # the large send of the ping-pong (as calibrate's): its time is mostly bandwidth
+MAX_COLLECTIVE = 64 << 20  # bytes: the largest collective measured (FSDP: the largest layer's, up to this)
+
+
+def applies(par: ParallelConfig, device: str) -> bool:
+    """Whether a measured profile of this setup gets a LocalRuntime: a CPU job lynx validate runs."""
+    if device != "cpu" or par.tp != 1 or par.cp != 1:
+        return False
+    pipeline = par.pp > 1 and par.dp == 1 and par.num_microbatches >= par.pp  # torch's schedules need m >= pp
+    fsdp = par.fsdp and par.pp == 1 and par.dp > 1 and par.hsdp_shard_size is None
+    return pipeline or fsdp
+
+
+def comm_cpu_share(ranks: int, threads: int, cores: int) -> float:
+    """1 where the job's threads (per rank its compute threads and a communication thread) outnumber the cores, so
+    that the communication threads' CPU comes out of compute; else 0."""
+    return 1.0 if ranks * (threads + 1) > cores else 0.0
+
+
+def items(par: ParallelConfig, rank: int) -> int:
+    """Forward and backward items in a pipeline rank's order (a split backward's W rides with its B)."""
+    order = schedules.order(par.schedule, par.pp, par.virtual_stages, rank, par.num_microbatches)
+    return sum(1 for kind, _, _ in order if kind in ("F", "B"))
+
+
+class _Null(torch.nn.Module):
+    """A chunk without compute: its output has the shape the real chunk's has, and carries the gradient to its
+    input and its one weight (so torch's stage sends, receives and the loss run at their real sizes)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones((), dtype=dtype))
+        self.register_buffer("base", torch.zeros(shape, dtype=dtype))
+
+    def forward(self, *args):
+        out = self.base * self.weight
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            out = out + x.mul(0).sum()  # the input's gradient flows (zeros, contiguous), as a real chunk's does
+        return out
+
+
+def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: list[int], output: list[int],
+                     inputs, dtype: str, threads: int, repeats: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    from ..calibrate import ping_pong
+    from ..validate import _squares
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    try:
+        par = ParallelConfig.model_validate_json(par_json)
+        torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
+        n = par.pp * par.virtual_stages
+        clock = time.thread_time
+        fwd = [0.0]
+        stages = []
+        for c in schedules.chunks_of(par.pp, par.virtual_stages, rank):
+            module = _Null(tuple(output if c == n - 1 else boundary), torch_dtype)
+            start = {}
+            module.register_forward_pre_hook(lambda m, a: start.__setitem__(0, clock()))
+            module.register_forward_hook(lambda m, a, o: fwd.__setitem__(0, fwd[0] + clock() - start[0]))
+            stages.append(PipelineStage(module, c, n, torch.device("cpu")))
+        kind = getattr(torch_schedules, schedules.get(par.schedule).torch_class)
+        several = issubclass(kind, torch_schedules.PipelineScheduleMulti)
+        schedule = kind(stages if several else stages[0], n_microbatches=par.num_microbatches, loss_fn=_squares)
+        batch = tuple(torch.cat([x] * par.num_microbatches) for x in inputs)
+        target = torch.zeros(par.num_microbatches)
+        outside, comm = [], []
+        for k in range(WARMUP + repeats):
+            dist.barrier()
+            fwd[0] = 0.0
+            c0, p0 = clock(), time.process_time()
+            if rank == 0:
+                schedule.step(*batch)
+            elif rank == world - 1:
+                schedule.step(target=target, losses=[])
+            else:
+                schedule.step()
+            cpu, proc = clock() - c0, time.process_time() - p0
+            if k >= WARMUP:
+                outside.append(cpu - fwd[0])
+                comm.append(proc - cpu)
+        link = None
+        if rank < 2:
+            lat = ping_pong(rank, 4, "cpu", 2 * repeats, peer=1 - rank)
+            big = ping_pong(rank, LINK_BYTES, "cpu", repeats, peer=1 - rank)
+            link = [LINK_BYTES / max(big - lat, 1e-9), lat]
+        else:
+            dist.barrier()  # the ping-pong's barriers
+            dist.barrier()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+            {"outside": statistics.median(outside), "comm": statistics.median(comm), "link": link}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    try:
+        full = torch.ones(nbytes // 4)
+        shard = torch.ones(nbytes // 4 // world)
+
+        def comm_cpu(fn) -> float:
+            """The communication threads' CPU of one collective (the process's less this thread's), median."""
+            out = []
+            for k in range(WARMUP + repeats):
+                dist.barrier()
+                c0, p0 = time.thread_time(), time.process_time()
+                fn()
+                if k >= WARMUP:
+                    out.append((time.process_time() - p0) - (time.thread_time() - c0))
+            return statistics.median(out)
+
+        gather = comm_cpu(lambda: dist.all_gather_into_tensor(full, shard))
+        scatter = comm_cpu(lambda: dist.reduce_scatter_tensor(shard, full))
+        if rank == 0:
+            Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
+                                                              "reduce_scatter": scatter / nbytes}))
+    finally:
+        dist.destroy_process_group()
+
+
+def grad_scale_s_per_param(model: torch.nn.Module, m: int, repeats: int) -> float:
+    """CPU seconds per parameter of the pipeline schedule's gradient scaling (torch's stage.scale_grads: each
+    gradient divided in place by the micro-batches), on the model's own parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    if not numel:
+        return 0.0
+    grads = [torch.zeros_like(p) for p in params]
+    times = []
+    for _ in range(WARMUP + max(repeats, 10)):  # a fraction of a millisecond: more runs than the blocks get
+        t0 = time.thread_time()
+        for g in grads:
+            g.div_(m)
+        times.append(time.thread_time() - t0)
+    return statistics.median(times[WARMUP:]) / numel
+
+
+def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, boundary: tuple[int, ...],
+            output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int) -> LocalRuntime:
+    """The LocalRuntime of the job `par` describes (applies() must hold): `inputs` the first stage's example
+    inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs,
+    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size)."""
+    import logging
+
+    import torch.multiprocessing as mp
+
+    from ..calibrate import _free_port
+
+    cores = os.cpu_count() or 1
+    world = par.pp if par.pp > 1 else par.dp
+    share = comm_cpu_share(world, threads, cores)
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as out_dir:
+        if par.pp > 1:
+            tensors = tuple(x for x in inputs if isinstance(x, torch.Tensor))
+            mp.spawn(_pipeline_worker, args=(world, _free_port(), par.model_dump_json(), list(boundary), list(output),
+                                             tensors, dtype, threads, repeats, out_dir), nprocs=world, join=True)
+            ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+            bw, lat = ranks[0]["link"]
+            return LocalRuntime(
+                cores=cores, ranks=world, comm_cpu_share=share, p2p_bytes_per_s=float(f"{bw:.4g}"),
+                p2p_latency_s=float(f"{lat:.4g}"),
+                item_s=[float(f"{r['outside'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
+                item_comm_s=[float(f"{r['comm'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
+                grad_scale_s_per_param=float(f"{grad_scale_s_per_param(model, par.num_microbatches, repeats):.4g}"))
+        # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
+        nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
+                 join=True)
+        rates = json.loads(Path(out_dir, "fsdp.json").read_text())
+    return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
+                        all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
+                        reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"))
