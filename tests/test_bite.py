@@ -78,8 +78,11 @@ def test_balanced_ideal_is_tight_on_a_uniform_pipeline(pp, m):
 
 
 def test_tune_search_equals_planning_every_layout(tiny):
-    """The search's table (room for every layout, so nothing may be skipped) is what planning every layout with HEU
-    and Megatron gives (a second method): each layout's row is the best of all its algorithms."""
+    """The search's table (room for every layout, so nothing may be skipped) is what planning every layout with HEU,
+    HEU with offload (where HEU recomputes) and Megatron gives (a second method): each layout's row is the best of
+    all its algorithms."""
+    from lynx_planner import offload
+
     limit = 3 * 2**28  # 0.75 GiB: between full and no recomputation's peaks on most layouts
     got = tune.tune(tiny, 4, HW, 8, SEQ, limit, top=100, make_plan=False)
     profiles = tune.Profiles(tiny, HW, SEQ, True)
@@ -87,8 +90,11 @@ def test_tune_search_equals_planning_every_layout(tiny):
     for lay in tune.layouts(4, HW, 8, TINY.num_layers, TINY.heads, SEQ):
         prof = profiles(lay)
         if prof is not None:
-            rows += [tune.simulate_full(prof, r, limit, 8 * SEQ, 4)
-                     for r in tune.plan_layout(prof, lay, limit, 8 * SEQ, 4)]
+            planned = tune.plan_layout(prof, lay, limit, 8 * SEQ, 4)
+            if any(r.algo == "heu" and any(p.recompute for p in r.policies) for r in planned) \
+                    and offload.rank_link(prof) is not None:
+                planned.append(tune.offload_row(prof, lay, limit, 8 * SEQ, 4))
+            rows += [tune.simulate_full(prof, r, limit, 8 * SEQ, 4) for r in planned]
     best = {}
     for r in sorted((r for r in rows if r.fits), key=lambda r: (-r.tokens_per_s_per_gpu, r.algo != "heu")):
         best.setdefault(r.layout, r)
