@@ -537,6 +537,25 @@ def test_milp_ends_the_iteration_where_the_simulator_does(schedule, v, dp, overl
     assert end_tail_s(prof, bounds) == pytest.approx(tail, rel=1e-9)
 
 
+def test_milp_ends_the_iteration_where_the_simulator_does_with_a_measured_cpu_runtime():
+    """dp 1, no optimizer step, but a measured CPU profile's LocalRuntime: torch's pipeline schedule scales the
+    gradients at each rank's end (streams.grad_scale_s), after rank 0's last backward too."""
+    from conftest import between
+    from lynx_planner.schema import LocalRuntime
+    from lynx_planner.solvers.stage_model import end_tail_s
+
+    prof = small_profile(tp=1, pp=4, m=8, layers=16)
+    runtime = LocalRuntime(cores=2, ranks=4, comm_cpu_share=1.0, grad_scale_s_per_param=1e-9)
+    prof = prof.model_copy(update=dict(runtime=runtime))
+    solved = solvers.solve(prof, "heu", between(prof, 0.3))
+    sim = solved.evaluation.sim
+    rank0 = sim.stages[0]
+    tail = sim.iteration_time_s - (rank0.end_s - rank0.grad_reduce_exposed_s)
+    assert tail > 0  # the scaling of a quarter of the model's parameters at 1 ns each
+    bounds = [st.layers[0] for st in solved.stages] + [solved.stages[-1].layers[1]]
+    assert end_tail_s(prof, bounds) == pytest.approx(tail, rel=1e-9)
+
+
 @pytest.mark.parametrize("tp, pp, m, hw", [(2, 4, 5, "a100-80g-pcie"), (4, 4, 6, "a100-40g-nvlink")])
 def test_opt_beats_heu_where_prev_forward_fires_on_few_micro_batches(tp, pp, m, hw):
     """With m close to p, prev_forward fires for few micro-batches (1F1B's cool-down): an exact model that charges

@@ -177,7 +177,7 @@ def end_tail_s(profile: Profile, bounds: list[int]) -> float:
     its lowest one, where every rank ends on its lowest chunk's last backward (1F1B, interleaved, GPipe); otherwise
     (zero bubble's W last) taken as nothing."""
     par = profile.parallel
-    if par.dp * par.cp == 1 and not par.optimizer_step:
+    if par.dp * par.cp == 1 and not par.optimizer_step and profile.runtime is None:  # as end_of_iteration's
         return 0.0
     p, v, m = par.pp, par.virtual_stages, par.num_microbatches
     bwd = [[sum(b) for _, b in simulator.stage_segments(profile, bounds[c], bounds[c + 1])]
