@@ -24,6 +24,16 @@ def _rope(ops: _OpList, src: str, nbytes: int, first: int) -> str:
     return ew(ops, f"self_attn:add#{first // 2}", nbytes, inputs=[a, b])
 
 
+def partial_rope(ops: _OpList, q: str, k: str, n: int, heads: int, kv: int, d: int, fraction: float
+                 ) -> tuple[str, str]:
+    """HF's partial rotary (rotary_fraction < 1): each of q and k rotates its first `fraction` of the head dim, then
+    both rotated parts are concatenated back with the untouched rest (ops in the order HF runs them)."""
+    rot = int(d * fraction)
+    rotated = [_rope(ops, x, ACT * n * width * rot, 2 * j) for j, (x, width) in enumerate(((q, heads), (k, kv)))]
+    return (ew(ops, "self_attn:cat#2", ACT * n * heads * d, inputs=[rotated[0], q]),
+            ew(ops, "self_attn:cat#3", ACT * n * kv * d, inputs=[rotated[1], k]))
+
+
 def window_share(spec: ModelSpec, kind: str, s: int) -> float:
     """The share of a causal attention's (query, key) pairs a layer of this kind computes: 1 for full attention,
     less for a sliding window or chunks (ModelSpec.kv_pairs): its FLOPs and time scale by it."""

@@ -30,7 +30,7 @@ def read(f, model_type: str) -> dict:
 
 def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     from ... import costs
-    from ...analytic.attention import _flash, window_share
+    from ...analytic.attention import _flash, partial_rope, window_share
     from ...analytic.ops import ACT, ew, hf_rms_norm
 
     s, b, h, t = par.seq_len, par.micro_batch_size, spec.hidden, par.tp
@@ -44,17 +44,7 @@ def attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     if spec.qk_norm:
         k = hf_rms_norm(ops, "self_attn.k_norm", k, n * kv * d, n * kv)
     v = ops.gemm(f"self_attn.v_proj:{mm}#0", n, h, kv * d, saves=[ln], inputs=[src])
-    rot = int(d * spec.rotary_fraction)
-    rotated = []
-    for j, (x, width) in enumerate(((q, heads), (k, kv))):  # both rotary parts, then both concatenations
-        r = ACT * n * width * rot
-        a = ew(ops, f"self_attn:mul#{2 * j}", r, inputs=[x])
-        neg = ew(ops, f"self_attn:neg#{j}", r // 2, inputs=[x])
-        cat = ew(ops, f"self_attn:cat#{j}", r, inputs=[neg, x])
-        m = ew(ops, f"self_attn:mul#{2 * j + 1}", r, inputs=[cat])
-        rotated.append(ew(ops, f"self_attn:add#{j}", r, inputs=[a, m]))
-    q = ew(ops, "self_attn:cat#2", ACT * n * heads * d, inputs=[rotated[0], q])
-    k = ew(ops, "self_attn:cat#3", ACT * n * kv * d, inputs=[rotated[1], k])
+    q, k = partial_rope(ops, q, k, n, heads, kv, d, spec.rotary_fraction)
     core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     out = ew(ops, "self_attn:clone#0", ACT * n * heads * d, inputs=[core])  # the transposed output made contiguous
     ops.gemm("self_attn.o_proj:mm#0", n, heads * d, h, saves=[out], inputs=[out])

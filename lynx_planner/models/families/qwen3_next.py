@@ -87,7 +87,7 @@ def _gated_attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     """Qwen3NextAttention: q_proj gives q and a gate per head (the gate made contiguous), per-head (1 + w) q/k
     norms, partial rotary, the fused core, its output times sigmoid(gate), o_proj."""
     from ... import costs
-    from ...analytic.attention import _flash, window_share
+    from ...analytic.attention import _flash, partial_rope, window_share
     from ...analytic.ops import ACT, ew
 
     s, b, h, t = par.seq_len, par.micro_batch_size, spec.hidden, par.tp
@@ -99,17 +99,7 @@ def _gated_attention(ops, tp, spec, par, ln: str, kind: str) -> str:
     k = ops.gemm("self_attn.k_proj:mm#0", n, h, kv * d, saves=[ln], inputs=[src])
     k = norm(ops, "self_attn.k_norm", k, n * kv * d, n * kv)
     v = ops.gemm("self_attn.v_proj:mm#0", n, h, kv * d, saves=[ln], inputs=[src])
-    rot = int(d * spec.rotary_fraction)
-    rotated = []
-    for j, (x, width) in enumerate(((q, heads), (k, kv))):  # both rotary parts, then both concatenations
-        r = ACT * n * width * rot
-        a = ew(ops, f"self_attn:mul#{2 * j}", r, inputs=[x])
-        neg = ew(ops, f"self_attn:neg#{j}", r // 2, inputs=[x])
-        cat = ew(ops, f"self_attn:cat#{j}", r, inputs=[neg, x])
-        m = ew(ops, f"self_attn:mul#{2 * j + 1}", r, inputs=[cat])
-        rotated.append(ew(ops, f"self_attn:add#{j}", r, inputs=[a, m]))
-    q = ew(ops, "self_attn:cat#2", ACT * n * heads * d, inputs=[rotated[0], q])
-    k = ew(ops, "self_attn:cat#3", ACT * n * kv * d, inputs=[rotated[1], k])
+    q, k = partial_rope(ops, q, k, n, heads, kv, d, spec.rotary_fraction)
     core = _flash(ops, q, k, v, b, s, heads, d, d, window_share(spec, kind, s * ops.context))
     out = ew(ops, "self_attn:clone#1", ACT * n * heads * d, inputs=[core])
     sig = ew(ops, "self_attn:sigmoid#0", ACT * n * heads * d, inputs=[gate], saves=["self"])
