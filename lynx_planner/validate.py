@@ -184,6 +184,18 @@ def _squares(output, target):
     return output.float().pow(2).mean()
 
 
+def pipeline_step(schedule, rank: int, world: int, batch: tuple, target) -> None:
+    """One step of torch's pipeline schedule as each rank calls it: the first feeds the batch, the last the target."""
+    if world == 1:
+        schedule.step(*batch, target=target, losses=[])
+    elif rank == 0:
+        schedule.step(*batch)
+    elif rank == world - 1:
+        schedule.step(target=target, losses=[])
+    else:
+        schedule.step()
+
+
 def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path: str, repeats: int, warmup: int,
             threads: int, dtype: str, out_dir: str) -> None:
     import torch
@@ -281,14 +293,7 @@ def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path:
             rec_in_bwd[0] = rec_early[0] = 0.0
             dist.barrier()
             t0, c0, p0 = time.perf_counter(), clock(), time.process_time()
-            if world == 1:
-                schedule.step(*batch, target=target, losses=[])
-            elif rank == 0:
-                schedule.step(*batch)
-            elif rank == world - 1:
-                schedule.step(target=target, losses=[])
-            else:
-                schedule.step()
+            pipeline_step(schedule, rank, world, batch, target)
             cpu, proc = clock() - c0, time.process_time() - p0
             dist.barrier()
             wall = time.perf_counter() - t0

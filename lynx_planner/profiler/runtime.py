@@ -84,7 +84,7 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
     from torch.distributed.pipelining import schedules as torch_schedules
 
     from ..calibrate import ping_pong
-    from ..validate import _squares
+    from ..validate import _squares, pipeline_step
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -112,12 +112,7 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
             dist.barrier()
             fwd[0] = 0.0
             c0, p0 = clock(), time.process_time()
-            if rank == 0:
-                schedule.step(*batch)
-            elif rank == world - 1:
-                schedule.step(target=target, losses=[])
-            else:
-                schedule.step()
+            pipeline_step(schedule, rank, world, batch, target)
             cpu, proc = clock() - c0, time.process_time() - p0
             if k >= WARMUP:
                 outside.append(cpu - fwd[0])
