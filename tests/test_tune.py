@@ -93,6 +93,16 @@ def test_offload_pass_skips_only_layouts_that_cannot_enter_the_table(tiny):
     assert one.top[0].tokens_per_s_per_gpu == pytest.approx(everything.top[0].tokens_per_s_per_gpu)
 
 
+def test_table_bar_is_the_places_th_layouts_best_row():
+    """A row enters the table by beating the best row of the `places`-th distinct layout (0 while fewer fit)."""
+    a, b, c = (tune.Layout(1, pp, 1, 1, 4, False) for pp in (1, 2, 4))
+    rows = [tune.Row(a, "heu", 1.0, 0, True, 300.0), tune.Row(a, "full", 1.0, 0, True, 250.0),
+            tune.Row(b, "heu", 1.0, 0, True, 200.0), tune.Row(c, "heu", None, 0, False, None)]
+    assert tune._table_bar(rows, 1) == 300.0
+    assert tune._table_bar(rows, 2) == 200.0  # a's second row is not a second layout
+    assert tune._table_bar(rows, 3) == 0.0  # c does not fit
+
+
 def test_best_layout_plan_checks_and_fits(tiny, tmp_path):
     limit = limit_between(tiny, 8, 16, 1.5)
     result = tune.tune(tiny, 8, HW, 16, SEQ, limit, top=3)
