@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .io import InputError
+from .io import InputError, LayoutError
 from .schema import Hardware, ParallelConfig, Profile
 
 
@@ -98,5 +98,7 @@ def build_profile(model: str, par: ParallelConfig, hw: Hardware, *, attention: s
     except ValidationError as e:
         raise InputError(f"{model}: " + "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())) \
             from None
+    except LayoutError as e:
+        raise LayoutError(f"{model}: {e}") from None
     except ValueError as e:
         raise InputError(f"{model}: {e}") from None

@@ -24,6 +24,11 @@ class InputError(Exception):
     """Bad input from the user: the CLI prints the message and exits with code 2."""
 
 
+class LayoutError(InputError, ValueError):
+    """The model cannot run in the layout asked for (a parallel size that does not divide it, a dimension its layers
+    cannot use): bad input for `profile`, a layout to leave out for `tune`."""
+
+
 M = TypeVar("M", bound=BaseModel)
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)

@@ -26,7 +26,7 @@ from . import evaluate as ev
 from . import offload, schedules
 from .analytic import bytes_per_param
 from .build import build_profile, is_model_file, model_spec
-from .io import InputError
+from .io import InputError, LayoutError
 from .models.hardware import default_memory_limit
 from .schema import MAX_DP, MAX_MICROBATCHES, Hardware, ParallelConfig, Plan, Profile
 from .simulator import optimizer_step_s, segments
@@ -142,23 +142,19 @@ class Profiles:
         self.traced: dict[tuple, Profile | None] = {}
 
     def __call__(self, layout: Layout) -> Profile | None:
-        """None if the model cannot be profiled in this layout (TP does not divide it)."""
+        """None if the model cannot run in this layout (TP does not divide it, its layers cannot use CP)."""
         par = layout.parallel(self.seq_len, self.distopt, self.search.reshard_after_forward)
         if not is_model_file(self.model):
             try:
                 return build_profile(self.model, par, self.hw, dropout=self.dropout, kernels=self.kernels, fp8=self.fp8)
-            except InputError as e:
-                if "does not divide" in str(e):
-                    return None
-                raise
+            except LayoutError:
+                return None
         key = (layout.tp, layout.micro_batch_size, layout.sequence_parallel)
         if key not in self.traced:
             traced_par = par.model_copy(update={"pp": 1, "dp": 1, "num_microbatches": 1})
             try:
                 self.traced[key] = self.call(build_profile, self.model, traced_par, self.hw)
-            except InputError as e:
-                if "divide" not in str(e):
-                    raise
+            except LayoutError:
                 self.traced[key] = None
         base = self.traced[key]
         if base is None or layout.pp * layout.virtual_stages > len(base.layers):

@@ -119,6 +119,16 @@ def test_what_is_not_priced_is_refused(tmp_path, flags, named):
     assert not out.exists()
 
 
+def test_tune_leaves_out_the_layouts_the_model_cannot_run():
+    """A refusal that holds for one layout only (CP for the Gated DeltaNet layers, TP above the key heads) leaves that
+    layout out of tune's search instead of ending it; the layouts the model runs in are profiled as before."""
+    from lynx_planner import tune
+    profiles = tune.Profiles(str(PUBLISHED), HW, 32768, True)
+    assert profiles(tune.Layout(2, 4, 8, 1, 8, True, ep=8, cp=2)) is None
+    assert profiles(tune.Layout(4, 4, 8, 1, 8, True, ep=8)) is None
+    assert profiles(tune.Layout(2, 4, 8, 1, 8, True, ep=8)) is not None
+
+
 def test_megatron_builds_the_published_model():
     """The export's flags through Megatron's parser, validate_args and TransformerConfig: the shared checks of
     every family (test_megatron_export.assert_describes) and the Gated DeltaNet's, read from the config's own

@@ -13,6 +13,7 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from .. import costs
+from ..io import LayoutError
 from ..kernels import kernel_set
 from ..policy import OUTSIDE
 from ..models.families import class_prefix, family_module
@@ -165,13 +166,13 @@ def _check(spec: ModelSpec, par: ParallelConfig) -> None:
         sizes.append(("expert ffn hidden", spec.moe.expert_ffn))
     for what, value in sizes:
         if value % t:
-            raise ValueError(f"--tp {t} does not divide the model's {what} ({value})")
+            raise LayoutError(f"--tp {t} does not divide the model's {what} ({value})")
     if par.sequence_parallel and par.seq_len % t:
-        raise ValueError(f"--tp {t} does not divide the sequence length {par.seq_len}")
+        raise LayoutError(f"--tp {t} does not divide the sequence length {par.seq_len}")
     if par.ep > 1 and spec.moe is None:
         raise ValueError(f"--ep {par.ep}: the model has no experts (expert parallelism is for MoE models)")
     if spec.moe is not None and spec.moe.experts % par.ep:
-        raise ValueError(f"--ep {par.ep} does not divide the model's {spec.moe.experts} experts")
+        raise LayoutError(f"--ep {par.ep} does not divide the model's {spec.moe.experts} experts")
 
 
 def _block_names(spec: ModelSpec, seq_len: int) -> dict[tuple[str, bool], str]:

@@ -13,6 +13,7 @@ and the fused attention's fp32 logsumexp are counted too, as PyTorch keeps them.
 from __future__ import annotations
 
 from .. import costs
+from ..io import LayoutError
 from ..models.catalog import GPTConfig, as_spec
 from ..models.spec import ModelSpec
 from ..schema import BLOCK_INPUT, Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
@@ -119,11 +120,11 @@ def gpt_profile(cfg: ModelSpec | GPTConfig, par: ParallelConfig, hw: Hardware, a
     sizes = (("heads", cfg.heads), ("hidden", cfg.hidden), ("ffn hidden", cfg.ffn_hidden), ("vocab", cfg.vocab))
     for what, value in sizes:
         if value % par.tp:
-            raise ValueError(f"--tp {par.tp} does not divide the model's {what} ({value})")
+            raise LayoutError(f"--tp {par.tp} does not divide the model's {what} ({value})")
     if par.sequence_parallel and par.seq_len % par.tp:
-        raise ValueError(f"--tp {par.tp} does not divide the sequence length {par.seq_len}")
+        raise LayoutError(f"--tp {par.tp} does not divide the sequence length {par.seq_len}")
     if par.cp > 1:
-        raise ValueError(f"--cp {par.cp}: context parallelism is priced for the Hugging Face families (Llama, Qwen, "
+        raise LayoutError(f"--cp {par.cp}: context parallelism is priced for the Hugging Face families (Llama, Qwen, "
                          "Mistral, ...), not the gpt family's Megatron core attention")
     blocks = {
         "embedding": embedding_block(cfg, par, hw, dropout),

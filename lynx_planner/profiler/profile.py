@@ -23,7 +23,7 @@ from rich.progress import Progress
 from .. import policy
 from .. import schedules as lynx_schedules
 from ..analytic import bytes_per_param
-from ..io import InputError
+from ..io import InputError, LayoutError
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import compiled as compiled_block
 from . import runtime as local_runtime
@@ -139,9 +139,9 @@ def _check_parallel(path: str, model: torch.nn.Module, traces: dict[str, BlockTr
                     counts.setdefault("key/value heads", op.heads[1])
         for what, value in counts.items():
             if value % par.tp:
-                raise InputError(f"--tp {par.tp} does not divide the model's {what} ({value}) in {path}")
+                raise LayoutError(f"--tp {par.tp} does not divide the model's {what} ({value}) in {path}")
     if par.sequence_parallel and par.seq_len % par.tp:
-        raise InputError(f"--sequence-parallel: --tp {par.tp} does not divide the sequence length {par.seq_len} "
+        raise LayoutError(f"--sequence-parallel: --tp {par.tp} does not divide the sequence length {par.seq_len} "
                          f"of {path}'s example inputs")
 
 

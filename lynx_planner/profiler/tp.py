@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch import nn
 
 from .. import costs
-from ..io import InputError
+from ..io import InputError, LayoutError
 from ..schema import BLOCK_INPUT, Block, Hardware, Op, ParallelConfig
 from .recorder import GEMM
 from .tracing import BlockTrace
@@ -55,7 +55,7 @@ def rank_params(layer: nn.Module, role: dict[str, str], tp: int, seen: set[int])
             if kind is None or (kind == ROW and name == "bias"):
                 total += p.numel()
             elif p.numel() % tp:
-                raise InputError(f"--tp {tp} does not divide {module_path}.{name} ({tuple(p.shape)})")
+                raise LayoutError(f"--tp {tp} does not divide {module_path}.{name} ({tuple(p.shape)})")
             else:
                 total += p.numel() // tp
     return total

@@ -19,7 +19,7 @@ linear-attention layers (the recurrence runs across the whole sequence)."""
 
 from __future__ import annotations
 
-from ...io import InputError
+from ...io import InputError, LayoutError
 from ..spec import LinearAttentionSpec, MoESpec
 from ._common import decoder
 
@@ -126,9 +126,9 @@ def gated_delta_net(ops, tp, spec, par, ln: str) -> str:
     g = spec.linear_attention
     s, b, h, t = par.seq_len, par.micro_batch_size, spec.hidden, par.tp
     if g.key_heads % t:
-        raise ValueError(f"--tp {t} does not divide the model's linear-attention key heads ({g.key_heads})")
+        raise LayoutError(f"--tp {t} does not divide the model's linear-attention key heads ({g.key_heads})")
     if ops.context > 1:
-        raise ValueError(f"--cp {ops.context}: the Gated DeltaNet layers' recurrence runs across the whole sequence; "
+        raise LayoutError(f"--cp {ops.context}: the Gated DeltaNet layers' recurrence runs across the whole sequence; "
                          "context parallelism is not priced for them")
     n, nk, nv, dk, dv, c = s * b, g.key_heads // t, g.value_heads // t, g.key_head_dim, g.value_head_dim, g.chunk
     kd, vd, conv = nk * dk, nv * dv, (2 * nk * dk + nv * dv)
