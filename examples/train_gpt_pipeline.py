@@ -34,6 +34,7 @@ from lynx_planner.models.catalog import GPTConfig
 from lynx_planner.models.gpt_block import GPTBlock
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.runtime import attach, runtime_of
+from lynx_planner.runtime.pipelining import no_outputs  # return_outputs=False, as torchtitan steps the last stage
 from lynx_planner.schema import (
     LayerPolicy,
     ParallelConfig,
@@ -188,7 +189,7 @@ def main() -> None:
         if rank == 0:
             schedule.step(inputs)
         else:
-            schedule.step(target=targets, losses=losses)
+            schedule.step(target=targets, losses=losses, **no_outputs(schedule))
         optimizer.step()
         if losses:
             print(f"step {step}: loss {torch.stack(losses).mean().item():.4f}", flush=True)

@@ -185,15 +185,19 @@ def _squares(output, target):
 
 
 def pipeline_step(schedule, rank: int, world: int, batch: tuple, target) -> None:
-    """One step of torch's pipeline schedule as each rank calls it: the first feeds the batch, the last the target."""
+    """One step of torch's pipeline schedule as each rank calls it: the first feeds the batch, the last the target
+    and, as torchtitan's trainer does, asks for no outputs (torch would otherwise keep every micro-batch's output
+    until the step ends, memory a training job does not spend and a plan does not count)."""
+    from .runtime.pipelining import no_outputs
     if world == 1:
-        schedule.step(*batch, target=target, losses=[])
+        schedule.step(*batch, target=target, losses=[], **no_outputs(schedule))
     elif rank == 0:
         schedule.step(*batch)
     elif rank == world - 1:
-        schedule.step(target=target, losses=[])
+        schedule.step(target=target, losses=[], **no_outputs(schedule))
     else:
         schedule.step()
+
 
 
 def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path: str, repeats: int, warmup: int,

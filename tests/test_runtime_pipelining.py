@@ -34,8 +34,10 @@ import lynx_planner
 from lynx_planner.models.gpt_block import Dropout
 from lynx_planner.runtime import attach, pipelining
 from lynx_planner.schema import LayerPolicy, StagePlan
+from lynx_planner.validate import pipeline_step
 
 N_MB, BATCH, PER_STAGE = 4, 4, 4
+KEPT_OUTPUTS: list[int] = []  # per step of a worker: the micro-batch outputs its stage kept after the step
 # Every placement on every stage where it can fire: prev_forward never fires on 1F1B's last stage (F(k) B(k)), and a
 # stage's top layer_above is its grad_wait.
 STAGES = [
@@ -81,10 +83,8 @@ def _pipeline_grads(model: Stage, rank: int, plan, x, y) -> tuple[list[torch.Ten
         runtime = attach(stage)
     schedule = Schedule1F1B(stage, n_microbatches=N_MB, loss_fn=nn.MSELoss())
     torch.manual_seed(100 + rank)
-    if rank == 0:
-        schedule.step(x)
-    else:
-        schedule.step(target=y, losses=[])
+    pipeline_step(schedule, rank, 2, (x,), y)  # as lynx validate steps it
+    KEPT_OUTPUTS.append(len(stage.output_chunks))
     triggers = {}
     if runtime is not None:  # (micro-batch, layer) -> (trigger, action), each region recomputed once
         log = [(mb, layer, at, action) for mb, layer, at, action in runtime.log if mb is not None]
@@ -153,6 +153,7 @@ def _worker(rank: int, port: int, results: dict) -> None:
             LayerPolicy(layers=(0, 1), block="tp_mlp", mode="full")])]})
         tp = [_tp_all_reduces(None), _tp_all_reduces(tp_plan)]
         results[rank] = {
+            "kept_outputs": list(KEPT_OUTPUTS),
             "exact": all(torch.equal(a, b) for a, b in zip(plain, planned)), "triggers": triggers,
             "max_err": max((a - b).abs().max().item() for a, b in zip(planned_no_dropout, reference)),
             "tp": [(f, b) for f, b, _ in tp], "tp_exact": torch.equal(tp[0][2], tp[1][2])}
@@ -174,6 +175,10 @@ def test_two_stage_1f1b_matches_reference_and_releases_as_the_simulator_says():
         assert r["triggers"] == EXPECTED[rank]
         assert r["tp"][1] == r["tp"][0] == (1, 1), "the recomputation repeated the TP all-reduce"
         assert r["tp_exact"]
+        # the last stage keeps no micro-batch's output after the step (torch's return_outputs=False): the simulator
+        # counts none, and torch would keep all N_MB
+        if "return_outputs" in inspect.signature(Schedule1F1B.step).parameters:
+            assert r["kept_outputs"] == [0, 0, 0], r["kept_outputs"]
 
 
 def test_private_wait_hook_is_where_pipelining_expects_it():

@@ -18,6 +18,7 @@ tests/test_runtime_pipelining.py).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -167,6 +168,13 @@ def _drop_output_graph(stage: Any, micro_batch: int) -> None:
     chunks = getattr(stage, "output_chunks", None)  # (a stage-like object without them: nothing to do)
     if getattr(stage, "is_last", False) and chunks is not None and micro_batch < len(chunks):
         chunks[micro_batch] = tree_map_only(torch.Tensor, lambda t: t.detach(), chunks[micro_batch])
+
+
+def no_outputs(schedule: Any) -> dict:
+    """Keywords for the last stage's `schedule.step`: `return_outputs=False` where this torch takes it (newer than 2.4,
+    whose step passes unknown keywords to the model), as torchtitan's trainer calls it. With outputs returned, torch
+    keeps every micro-batch's output until the step ends: m outputs on the last rank that a plan does not count."""
+    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
 
 
 def attach(stage: Any, module: nn.Module | None = None) -> LynxRuntime:
