@@ -102,6 +102,30 @@ def in_flight(name: str, p: int, v: int, chunk: int, m: int) -> int:
 
 
 @lru_cache(maxsize=4096)
+def peak_graphs(name: str, p: int, v: int, chunk: int, m: int) -> tuple[int, int]:
+    """(in flight, awaiting W) at the start of the chunk's backward that holds the most micro-batches' graphs: those
+    whose forward has run and whose B has not (the one starting included), and, under a split backward, those whose
+    B has run and whose W has not (more of those on a tie: each holds its recomputed tensors too). The two maxima
+    (`in_flight`, `awaiting_weight_pass`) need not coincide: the zero-bubble last stage holds one in flight while
+    three await W, and four await W only once none is in flight, so their sum counts a graph twice."""
+    if not SCHEDULES[name].splits_backward:
+        return in_flight(name, p, v, chunk, m), 0
+    flying = waiting = 0
+    best = (0, 0)  # (graphs, awaiting W)
+    for kind, c, _ in order(name, p, v, rank_of(p, chunk), m):
+        if c != chunk:
+            continue
+        if kind == "F":
+            flying += 1
+        elif kind == "B":
+            best = max(best, (flying + waiting, waiting))
+            flying, waiting = flying - 1, waiting + 1
+        else:
+            waiting -= 1
+    return best[0] - best[1], best[1]
+
+
+@lru_cache(maxsize=4096)
 def peak_counts(name: str, p: int, v: int, rank: int, m: int) -> tuple[tuple[int, ...], ...]:
     """The rank's in-flight counts per chunk (chunks_of order) at the start of each of its backwards, counting a
     micro-batch from its forward to its W (its B where the backward is not split): the moments its activation memory

@@ -4,10 +4,10 @@ For one stage and one steady-state micro-batch: the stage's forward and backward
 A layer's recomputation placed `layer_above` can hide in the idle backward time of the layer above it (for the top
 layer of the stage: in the wait for the gradient from the next stage); `grad_wait` and `prev_forward` share a pool
 each (the gradient wait; the forward's TP collectives). All windows are divided by the interference factor.
-Memory at the stage's peak (the start of the backward of the oldest in-flight micro-batch): kept bytes of the
-in-flight micro-batches, plus what early placements have already regenerated, plus the two layers being recomputed
-around the backward's start, plus, on the stage holding the loss, the loss's backward gradients
-(simulator.loss_grad_bytes, taken off the budget).
+Memory at the stage's peak (the start of the backward holding the most graphs): kept bytes of the in-flight
+micro-batches, the graphs of those awaiting W (split backward), plus what early placements have already regenerated,
+plus the two layers being recomputed around the backward's start, plus, on the stage holding the loss, the loss's
+backward gradients (simulator.loss_grad_bytes, taken off the budget).
 """
 
 from __future__ import annotations
@@ -71,17 +71,31 @@ def stage_model(profile: Profile, s: int, first: int, end: int, memory_limit: in
         above = grad_wait_s if top else idle_s(segs[j + 1][1]) / gamma
         slots.append(Slot(i, profile.layers[i].block, above, top, 0.0 if top else sum(segs[j + 1][1])))
     legal = streams.legal_placements(profile, s)
-    awaiting_w = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
+    # the micro-batches in flight and awaiting W at the backward start holding the most graphs (not each maximum)
+    flying, awaiting_w = schedules.peak_graphs(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
     # what each micro-batch awaiting W holds beside its graph, whatever the plan (the simulator's count)
-    held = awaiting_w * sum(simulator.held_until_w(profile, i, first) for i in range(first, end)) if awaiting_w else 0
+    beside = sum(simulator.held_until_w(profile, i, first) for i in range(first, end))
+    held = awaiting_w * beside
     # and the loss's gradients over its layer's backward, beside the in-flight micro-batches (the simulator's count)
     held += max((simulator.loss_grad_bytes(profile.blocks[profile.layers[i].block]) for i in range(first, end)),
                 default=0)
+    budget = memory_limit - static_bytes(profile, first, end) - held
+    # After the last backward more graphs may await W, none in flight. A graph awaiting W holds every tensor its
+    # layers save, kept or recomputed (kept + rec bytes: the same for every candidate), so those bytes do not depend on
+    # the plan: a stage they do not fit has no plan.
+    most_awaiting = schedules.awaiting_weight_pass(par.schedule, par.pp, par.virtual_stages, s, par.num_microbatches)
+    if most_awaiting > awaiting_w:
+        graph = 0
+        for i in range(first, end):
+            c = candidates_of(profile, profile.layers[i].block)[0]
+            graph += c.kept_bytes + c.rec_bytes
+        if most_awaiting * (graph + beside) > memory_limit - static_bytes(profile, first, end):
+            budget = -1
     return StageModel(
         stage=s, first=first, end=end,
-        in_flight=simulator.in_flight(par.schedule, par.pp, s, par.num_microbatches, par.virtual_stages),
+        in_flight=flying,
         awaiting_w=awaiting_w,
-        budget=memory_limit - static_bytes(profile, first, end) - held,
+        budget=budget,
         compute_s=sum(sum(f) + sum(b) for f, b in segs),
         fwd_s=sum(sum(f) for f, _ in segs), bwd_s=sum(sum(b) for _, b in segs),
         grad_wait_s=grad_wait_s,
