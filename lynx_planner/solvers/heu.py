@@ -363,18 +363,14 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     for j in below:
         key = id(fronts[j])  # slots of one class share a frontier, hence a transition
         if key not in transitions:
-            # options rounding to the same memory are interchangeable but for exposure: keep the best of each
-            by_units: dict[int, int] = {}
-            for i, o in enumerate(fronts[j]):
-                k = math.ceil((o.mem - base[j]) / unit)
-                if k < r and (k not in by_units or o.exposed_s < fronts[j][by_units[k]].exposed_s):
-                    by_units[k] = i
-            if not by_units:
+            got = _by_units(fronts[j], base[j], unit, r)
+            if got is None:
                 return None  # no option of this layer fits the stage's whole budget
-            starts = r - np.array(list(by_units), dtype=np.int64)  # where the dp entries each option builds on start
-            exposed = np.array([fronts[j][i].exposed_s for i in by_units.values()], dtype=np.float32)[:, None]
+            units, option, exposed_s = got
+            starts = r - units  # where the dp entries each option builds on start
+            exposed = exposed_s.astype(np.float32)[:, None]
             table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
-            transitions[key] = (starts, exposed, list(by_units.values()), table)
+            transitions[key] = (starts, exposed, option, table)
         starts, exposed, option, table = transitions[key]
         # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
         # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
@@ -401,6 +397,25 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
+
+
+def _by_units(front: list[Option], base: int, unit: float, r: int
+              ) -> tuple[np.ndarray, list[int], np.ndarray] | None:
+    """Options rounding to the same memory are interchangeable but for exposure: per memory in units above `base`
+    (below r), the option exposing least (the first of equals), as (units, option positions, their exposure) in the
+    order each memory first occurs on the frontier; None if no option is below r units."""
+    mem = np.array([o.mem for o in front], dtype=np.int64)
+    exposed = np.array([o.exposed_s for o in front])
+    units = np.ceil((mem - base) / unit).astype(np.int64)  # as math.ceil((o.mem - base) / unit), in float64
+    pos = np.flatnonzero(units < r)
+    if not len(pos):
+        return None
+    ranked = pos[np.lexsort((pos, exposed[pos], units[pos]))]  # by units, then exposure, then frontier position
+    ks = units[ranked]
+    best = ranked[np.concatenate([[True], ks[1:] != ks[:-1]])]  # each memory's least exposure, the first of equals
+    distinct, first = np.unique(units[pos], return_index=True)  # ascending, as `best`; where each first occurs
+    seen = np.argsort(first, kind="stable")
+    return distinct[seen], best[seen].tolist(), exposed[best[seen]]
 
 
 def _climb(hulls: list[list[Option]], levels: list[list[int]], budget: int) -> None:
