@@ -291,3 +291,31 @@ def test_stopping_exact_searches_early_keeps_the_frontier(name, monkeypatch):
     want = candidates.frontier(block)
     assert got == want
     assert got.exact == (name == "qwen3-32b")
+
+
+def test_frontier_search_leaves_the_garbage_collector_as_it_was(monkeypatch):
+    """The search pauses the cyclic collector (candidates._collector_paused): on after it if it was on, off if it was
+    off, and on again after a search that fails."""
+    import gc
+
+    block = synthetic_moe_block(8)
+    assert gc.isenabled()
+    candidates.frontier(block)
+    assert gc.isenabled()
+    candidates.reset_caches()
+    gc.disable()
+    try:
+        candidates.frontier(block)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    candidates.reset_caches()
+
+    def fail(*a, **k):
+        assert not gc.isenabled()  # paused during the search
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(candidates, "_search", fail)
+    with pytest.raises(RuntimeError):
+        candidates.frontier(block)
+    assert gc.isenabled()
