@@ -25,7 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import evaluate as ev
-from .. import schedules
+from .. import schedules, simulator
 from ..schema import LayerPolicy, Profile
 from ..simulator import in_flight
 from . import Problem, Strategy
@@ -591,7 +591,8 @@ _SIMULATED: list[dict] = []  # the open search's simulations (see _simulations)
 def _simulations():
     """Within this block, a plan simulated before is looked up, not simulated again (the simulator is deterministic):
     a search meets the same plan several times (a repair that changed nothing, a re-planned contender that came out
-    the same, a contender judged again at full length)."""
+    the same, a contender judged again at full length). So is a chunk's layer runs (simulator.stage_runs), which
+    depend only on its layers and their policies: most of a search's plans differ from the last in a chunk or two."""
     _SIMULATED.append({})
     try:
         yield
@@ -602,11 +603,21 @@ def _simulations():
 def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> ev.Evaluation:
     if not _SIMULATED:
         return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
-    key = (id(profile), tuple(bounds), tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values())
-                                             for p in pols))
-    hit = _SIMULATED[-1].get(key)
+    known = _SIMULATED[-1]
+    layers = tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values()) for p in pols)
+    key = (id(profile), tuple(bounds), layers)
+    hit = known.get(key)
     if hit is None:  # holding the profile keeps its id from being reused
-        hit = _SIMULATED[-1][key] = (profile, ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False))
+        stages = ev.stage_plans(profile, bounds, pols)
+        runs = []
+        for st in stages:
+            lo, hi = st.layers
+            chunk = ("runs", id(profile), lo, hi, layers[lo:hi])
+            got = known.get(chunk)
+            if got is None:
+                got = known[chunk] = (profile, simulator.stage_runs(profile, lo, hi, st.policies))
+            runs.append(got[1])
+        hit = known[key] = (profile, ev.evaluate(profile, stages, ideal=False, runs=runs))
     return hit[1]
 
 
