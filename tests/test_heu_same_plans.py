@@ -198,9 +198,9 @@ def test_a_plan_simulated_again_is_looked_up_and_the_search_is_the_same(schedule
 
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved-1f1b", 2)])
 def test_a_chunks_runs_reused_within_a_search_give_a_fresh_simulations_figures(schedule, v):
-    """Within a search (heu._simulations) a chunk's layer runs are looked up by its layers' policies: a plan that
-    differs from one simulated before in one chunk only (its policy and where it recomputes) reuses the others' runs,
-    and its figures are those of a fresh evaluation; the first plan simulated again is unchanged too."""
+    """Within a search (heu._simulations) a chunk's stage plan and layer runs are looked up by its place and its layers'
+    policies: a plan that differs from one simulated before in one chunk only (its policy and where it recomputes)
+    reuses the others', and its figures (per-rank static bytes included) are those of a fresh evaluation."""
     from lynx_planner import evaluate as ev
 
     prof = small_profile(tp=2, pp=2, m=8, layers=8)

@@ -591,8 +591,9 @@ _SIMULATED: list[dict] = []  # the open search's simulations (see _simulations)
 def _simulations():
     """Within this block, a plan simulated before is looked up, not simulated again (the simulator is deterministic):
     a search meets the same plan several times (a repair that changed nothing, a re-planned contender that came out
-    the same, a contender judged again at full length). So is a chunk's layer runs (simulator.stage_runs), which
-    depend only on its layers and their policies: most of a search's plans differ from the last in a chunk or two."""
+    the same, a contender judged again at full length). So are a chunk's stage plan and layer runs
+    (simulator.stage_runs), which depend only on its place and its layers' policies: most of a search's plans differ
+    from the one before in a chunk or two."""
     _SIMULATED.append({})
     try:
         yield
@@ -608,16 +609,16 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> e
     key = (id(profile), tuple(bounds), layers)
     hit = known.get(key)
     if hit is None:  # holding the profile keeps its id from being reused
-        stages = ev.stage_plans(profile, bounds, pols)
-        runs = []
-        for st in stages:
-            lo, hi = st.layers
-            chunk = ("runs", id(profile), lo, hi, layers[lo:hi])
+        chunks = []
+        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            chunk = ("chunk", id(profile), s, lo, hi, layers[lo:hi])
             got = known.get(chunk)
             if got is None:
-                got = known[chunk] = (profile, simulator.stage_runs(profile, lo, hi, st.policies))
-            runs.append(got[1])
-        hit = known[key] = (profile, ev.evaluate(profile, stages, ideal=False, runs=runs))
+                plan = ev.stage_plans(profile, [lo, hi], pols)[0].model_copy(update={"stage": s})
+                got = known[chunk] = (profile, plan, simulator.stage_runs(profile, lo, hi, plan.policies))
+            chunks.append(got)
+        hit = known[key] = (profile, ev.evaluate(profile, [c[1] for c in chunks], ideal=False,
+                                                 runs=[c[2] for c in chunks]))
     return hit[1]
 
 
