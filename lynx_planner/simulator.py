@@ -400,11 +400,16 @@ class _Chunk:
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds,
-        # the loss's gradients held over it)
+        # whether it recomputes, its run, its backward's (busy, idle) segment pairs and their sums, the bytes its end
+        # frees or holds, the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           r.bwd_input if split else r.bwd, sums[l], straight[-2], straight[-1])
+                           _pairs(r.bwd_input if split else r.bwd), sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
+
+
+def _pairs(segs: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """Alternating (busy, idle, busy, ...) segments as (busy, idle) pairs, a last busy one with no idle time after."""
+    return tuple(zip(segs[0::2], segs[1::2] + (0.0,) * (len(segs) % 2)))
 
 
 class _Memory:
@@ -667,7 +672,7 @@ class _Stage:
             t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
         else:
             t = ready if ready > t else t
-        for l, below, uniform, recomputes, r, segs, sums, freed, transient in ch.bwd_local:
+        for l, below, uniform, recomputes, r, pairs, sums, freed, transient in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
                 pending[l - 1] = task
@@ -704,15 +709,30 @@ class _Stage:
                 busy += sums[0]
                 t += sums[0] + sums[1]
             else:
-                for i, dt in enumerate(segs):
-                    if i % 2 == 0:
-                        t += dt
-                        busy += dt
-                    elif dt > 0:
-                        if queue:
-                            t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden)
+                for dt, idle in pairs:
+                    t += dt
+                    busy += dt
+                    if idle > 0:
+                        if queue:  # _serve(queue, mem, t, t + idle, gamma, hidden) written out: the hot loop
+                            until = t + idle
+                            cur = t
+                            cap = (until - cur) / gamma
+                            while cap > EPS and queue:
+                                task = queue[0]
+                                if not task[2]:
+                                    task[2] = True
+                                    note_t(cur)
+                                    note_d(task[1])
+                                work = task[0] if task[0] < cap else cap
+                                task[0] -= work
+                                cap -= work
+                                hidden += work
+                                cur += work * gamma
+                                if task[0] <= EPS:
+                                    queue.pop(0)
+                            t = until if until > t else t
                         else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
-                            t += dt
+                            t += idle
             note_t(t)
             note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
