@@ -23,6 +23,7 @@ layer's backward ends, over all the chunks of a rank.
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -412,6 +413,25 @@ def _pairs(segs: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
     return tuple(zip(segs[0::2], segs[1::2] + (0.0,) * (len(segs) % 2)))
 
 
+# A search simulates plans that differ in a chunk or two, passing the others' run lists again (solvers/heu.py keeps
+# them): their _Chunk tables are derived once. Keyed by the list's id, the list held (so its id is not reused) and its
+# runs compared by identity (so a list changed in place is derived again); cleared when full.
+_CHUNKS: dict[int, tuple[list[LayerRun], tuple[LayerRun, ...], bool, _Chunk]] = {}
+CHUNK_CACHE_SIZE = 1024
+
+
+def _chunk(runs: list[LayerRun], split: bool) -> _Chunk:
+    """A _Chunk of these runs with its own (empty) gradient waits, the only part a simulation changes."""
+    got = _CHUNKS.get(id(runs))
+    if got is None or got[2] != split or len(got[1]) != len(runs) or any(a is not b for a, b in zip(got[1], runs)):
+        if len(_CHUNKS) >= CHUNK_CACHE_SIZE:
+            _CHUNKS.clear()
+        got = _CHUNKS[id(runs)] = (runs, tuple(runs), split, _Chunk(runs, split))
+    chunk = copy.copy(got[3])
+    chunk.grad_waits = []
+    return chunk
+
+
 class _Memory:
     """A rank's activation-memory timeline: (time, bytes allocated or freed) events, as two lists (cheaper to append
     and to scan than pairs)."""
@@ -464,7 +484,7 @@ class _Stage:
     def __init__(self, s: int, chunks: dict[int, list[LayerRun]], gamma: float, trace: list | None,
                  deadline: dict[tuple[int, int], int], split: bool, link: offload.Link | None = None):
         self.s, self.gamma, self.trace, self.deadline, self.split = s, gamma, trace, deadline, split
-        self.chunks = {c: _Chunk(runs, split) for c, runs in chunks.items()}
+        self.chunks = {c: _chunk(runs, split) for c, runs in chunks.items()}
         offloads = any(ch.offloads for ch in self.chunks.values())
         if offloads and link is None:
             raise ValueError("the plan offloads, but the hardware has no host link to offload to (offload.host_link)")

@@ -141,6 +141,27 @@ def test_shared_simulations_are_what_fresh_ones_give():
     assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s
 
 
+def test_run_lists_simulated_again_are_what_fresh_ones_give():
+    """The simulator derives a chunk's tables once per run list (simulator._chunk): the same lists simulated again,
+    and a list changed in place to another policy's runs, give what fresh lists give (the reference), gradient waits
+    included (each simulation's own, not added to the last's)."""
+    prof = small_profile(tp=2, pp=2, m=4, layers=6, seq=512)
+    bounds = [0, 4, len(prof.layers)]
+    n = len(prof.layers)
+    hidden = [ev.layer_policy(prof, i, frozenset(), at="grad_wait") for i in range(n)]
+    full = [ev.layer_policy(prof, i, frozenset()) for i in range(n)]
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, hidden))
+    first = simulator.simulate(prof, runs)
+    again = simulator.simulate(prof, runs)
+    assert first.chunk_grad_waits_s == again.chunk_grad_waits_s == reference(prof, runs).chunk_grad_waits_s
+    assert [vars(x) for x in again.stages] == [vars(x) for x in first.stages]
+    runs[0][:] = ev.runs_of(prof, ev.stage_plans(prof, bounds, full))[0]  # the same list, other runs
+    changed = simulator.simulate(prof, runs)
+    slow = reference(prof, [list(r) for r in runs])
+    assert [vars(x) for x in changed.stages] == [vars(x) for x in slow.stages]
+    assert changed.iteration_time_s == slow.iteration_time_s != first.iteration_time_s
+
+
 def sorted_peak(events: list[tuple[float, int]]) -> int:
     """The peak as defined: events in time order, frees before allocations at equal times."""
     run = peak = 0
