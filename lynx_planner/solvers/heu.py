@@ -464,10 +464,17 @@ def _ratio(hull: list[Option], j: int) -> float:
 
 
 def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Option]]) -> list[LayerPolicy]:
+    """Per layer, its chosen option's policy; within a search (_simulations) a layer's policy for the same keep,
+    recompute and placement is made once (a search turns the same choices into policies for every plan it tries)."""
+    known = _SIMULATED[-1] if _SIMULATED else {}
     pols: list[LayerPolicy] = []
     for model, opts in zip(models, chosen):
         for slot, o, at in zip(model.slots, opts, pool_placements(model, opts)[0]):
-            pols.append(ev.layer_policy(profile, slot.layer, o.cand.keep, o.cand.recompute, at))
+            key = ("policy", id(profile), slot.layer, o.cand.keep, o.cand.recompute, at)
+            got = known.get(key)
+            if got is None:
+                got = known[key] = (profile, ev.layer_policy(profile, slot.layer, o.cand.keep, o.cand.recompute, at))
+            pols.append(got[1])
     return pols
 
 
@@ -593,7 +600,7 @@ def _simulations():
     a search meets the same plan several times (a repair that changed nothing, a re-planned contender that came out
     the same, a contender judged again at full length). So are a chunk's stage plan and layer runs
     (simulator.stage_runs), which depend only on its place and its layers' policies: most of a search's plans differ
-    from the one before in a chunk or two."""
+    from the one before in a chunk or two. And each layer's policy for a choice (policies_of)."""
     _SIMULATED.append({})
     try:
         yield
