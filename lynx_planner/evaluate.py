@@ -100,13 +100,16 @@ class Evaluation:
         return self.predicted.iteration_time_s < other.predicted.iteration_time_s - 1e-12
 
 
-def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ideal: bool = True,
-             runs: list[list[simulator.LayerRun]] | None = None) -> Evaluation:
-    """Simulate the plan. `ideal=False` (the searches' own comparisons) skips simulating the ideal and reports NaN.
-    `runs`: the stages' layer runs (runs_of) where the caller has them already."""
-    sim = simulator.simulate(profile, runs_of(profile, stages) if runs is None else runs, trace=trace)
+def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ideal: bool = True) -> Evaluation:
+    """Simulate the plan. `ideal=False` (the searches' own comparisons) skips simulating the ideal and reports NaN."""
+    sim = simulator.simulate(profile, runs_of(profile, stages), trace=trace)
     bounds = [st.layers[0] for st in stages] + [stages[-1].layers[1]]
     return _evaluation(profile, stages, sim, ideal_time(profile, bounds) if ideal else float("nan"))
+
+
+def evaluation_of(profile: Profile, stages: list[StagePlan], sim: simulator.SimResult) -> Evaluation:
+    """A search's own evaluation of its simulation of these stages (evaluate(..., ideal=False) without simulating)."""
+    return _evaluation(profile, stages, sim, float("nan"))
 
 
 def _evaluation(profile: Profile, stages: list[StagePlan], sim: simulator.SimResult, ideal_s: float) -> Evaluation:

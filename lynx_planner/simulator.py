@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import copy
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
@@ -819,9 +820,32 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
 
 
-def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False) -> SimResult:
+def _settled_peak(mem: _Memory, scan: list, now: float) -> int | None:
+    """The most a rank's memory events before `now` (its clock) add up to at the end of a time: a lower bound on its
+    peak, as every later event comes at or after its clock (the peak is the highest sum of the events up to a time).
+    Scanned on from where the last call stopped (`scan`: index, sum, highest, last time); None once an event came
+    out of time order (a side-stream start an ulp past the clock): no bound then."""
+    times, deltas = mem.times, mem.deltas
+    i, run, top, last = scan
+    n = len(times)
+    while i < n and times[i] < now:
+        at = times[i]
+        if at < last:
+            return None
+        run += deltas[i]
+        last = at
+        i += 1
+        if (i == n or times[i] != at) and run > top:
+            top = run
+    scan[:] = [i, run, top, last]
+    return top
+
+
+def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False,
+             caps: list[int] | None = None) -> SimResult | None:
     """Simulate one iteration; `stage_layers[c]` are the layers of virtual stage c in order (pp x virtual_stages of
-    them; rank c % pp runs chunk c)."""
+    them; rank c % pp runs chunk c). `caps`: per rank, activation bytes; None comes back as soon as a rank's memory
+    is known to peak above its cap (a search that only asks whether a plan fits stops there)."""
     par, hw = profile.parallel, profile.hardware
     p, v, m = par.pp, par.virtual_stages, par.num_microbatches
     n_chunks = len(stage_layers)
@@ -868,6 +892,8 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited tens of thousands of times).
     visit = [(st, order, fired, len(order), st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
               st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
+    # with caps, each rank's memory so far, scanned after each visit (not with offload: the copy engine's events)
+    scans = [[0, 0, 0, -math.inf] for _ in range(p)] if caps is not None and link is None else None
     while now:
         s = heapq.heappop(now)
         queued[s] = False
@@ -979,12 +1005,20 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         st.t, st.busy, st.exposed = t, busy, exposed
         remaining -= i - ptr[s]
         ptr[s] = i
+        if scans is not None and scans[s] is not None:
+            top = _settled_peak(st.mem, scans[s], t)
+            if top is None:
+                scans[s] = None
+            elif top > caps[s]:
+                return None
         if not now:
             now, later = sorted(later), []
     if remaining:
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
+    if caps is not None and any(res.activation_peak_bytes > cap for res, cap in zip(results, caps)):
+        return None
     for res, st in zip(results, stages):  # the copy engine's figures
         if st.copy is not None:
             res.offload_stall_s, res.link_busy_s, res.host_peak_bytes = st.stall, st.copy.busy_s, st.copy.host_peak()

@@ -177,14 +177,14 @@ def test_a_plan_simulated_again_is_looked_up_and_the_search_is_the_same(schedule
     are those of a search that simulates every time, and it simulates fewer times where that search repeats a plan."""
     from contextlib import nullcontext
 
-    from lynx_planner import evaluate as ev
+    from lynx_planner import simulator
 
     prof = small_profile(tp=2, pp=4, m=16, layers=16)
     prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(
         update={"schedule": schedule, "virtual_stages": v})})
     limit = between(prof, 0.3)
-    calls, real = [], ev.evaluate
-    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], simulator.simulate
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
     candidates.reset_caches()
     looked_up = heu.heu_strategy(prof, limit, "auto")
     n = len(calls)

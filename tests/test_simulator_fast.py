@@ -141,6 +141,24 @@ def test_shared_simulations_are_what_fresh_ones_give():
     assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases(trace=False), st.data())
+def test_a_capped_simulation_stops_only_for_a_rank_that_peaks_above_its_cap(case, data):
+    """simulate(caps=...) gives None exactly when a rank's full simulation peaks above its cap (it may stop early,
+    on a lower bound of the peak), else the full simulation's figures: caps at the peaks never stop it, a cap a byte
+    below a rank's peak always does."""
+    prof, bounds, pols, _ = case
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    full = simulator.simulate(prof, runs)
+    peaks = [r.activation_peak_bytes for r in full.stages]
+    at = simulator.simulate(prof, runs, caps=peaks)
+    assert at is not None and [vars(x) for x in at.stages] == [vars(x) for x in full.stages]
+    assert at.iteration_time_s == full.iteration_time_s and at.chunk_grad_waits_s == full.chunk_grad_waits_s
+    rank = data.draw(st.integers(0, len(peaks) - 1))
+    below = [p - 1 if r == rank else p + data.draw(st.integers(0, 2)) for r, p in enumerate(peaks)]
+    assert simulator.simulate(prof, runs, caps=below) is None
+
+
 def test_run_lists_simulated_again_are_what_fresh_ones_give():
     """The simulator derives a chunk's tables once per run list (simulator._chunk): the same lists simulated again,
     and a list changed in place to another policy's runs, give what fresh lists give (the reference), gradient waits

@@ -608,13 +608,18 @@ def _simulations():
         _SIMULATED.pop()
 
 
-def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> ev.Evaluation:
+def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limit: int | None = None
+              ) -> ev.Evaluation | None:
+    """The plan's evaluation; with `limit`, None if it does not fit (found as soon as a rank's memory passes it: the
+    callers that only keep plans that fit stop the simulation there)."""
     if not _SIMULATED:
         return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
     known = _SIMULATED[-1]
     layers = tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values()) for p in pols)
     key = (id(profile), tuple(bounds), layers)
     hit = known.get(key)
+    if hit is None and limit is not None and ("over", limit, key) in known:
+        return None
     if hit is None:  # holding the profile keeps its id from being reused
         chunks = []
         for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
@@ -624,8 +629,16 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy]) -> e
                 plan = ev.stage_plans(profile, [lo, hi], pols)[0].model_copy(update={"stage": s})
                 got = known[chunk] = (profile, plan, simulator.stage_runs(profile, lo, hi, plan.policies))
             chunks.append(got)
-        hit = known[key] = (profile, ev.evaluate(profile, [c[1] for c in chunks], ideal=False,
-                                                 runs=[c[2] for c in chunks]))
+        stages, runs = [c[1] for c in chunks], [c[2] for c in chunks]
+        if limit is None:
+            sim = simulator.simulate(profile, runs)
+        else:
+            sim = simulator.simulate(profile, runs, caps=[limit - ev.rank_static_bytes(profile, stages, r)
+                                                          for r in range(profile.parallel.pp)])
+            if sim is None:
+                known[("over", limit, key)] = profile
+                return None
+        hit = known[key] = (profile, ev.evaluation_of(profile, stages, sim))
     return hit[1]
 
 
@@ -721,13 +734,14 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         was = chosen[c][j]
         chosen[c][j] = up
         trial = policies_of(profile, got.models, chosen)
-        result = _simulate(profile, got.bounds, trial)
-        if result.fits(limit) and result.better_than(cur, limit):
+        result = _simulate(profile, got.bounds, trial, limit)
+        fits = result is not None and result.fits(limit)
+        if fits and result.better_than(cur, limit):
             pols, cur = trial, result
             too_big.clear()
         else:
             chosen[c][j] = was
-            if not result.fits(limit):  # steps as big on this rank would overflow too
+            if not fits:  # steps as big on this rank would overflow too
                 rank = schedules.rank_of(pp, c)
                 too_big[rank] = min(too_big.get(rank, up.mem - was.mem), up.mem - was.mem)
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
@@ -755,8 +769,8 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
                 if solved is not None:
                     trial[c] = list(solved[0])
             trial_pols = policies_of(profile, got.models, trial)
-            result = _simulate(profile, got.bounds, trial_pols)
-            if result.fits(limit):
+            result = _simulate(profile, got.bounds, trial_pols, limit)
+            if result is not None and result.fits(limit):
                 if result.better_than(cur, limit):
                     chosen, pols, cur = trial, trial_pols, result
                 break
