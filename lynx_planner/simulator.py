@@ -820,24 +820,25 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
 
 
+CAP_SCAN_EVENTS = 256  # with caps, a rank's memory is scanned once this many events have come since the last scan
+
+
 def _settled_peak(mem: _Memory, scan: list, now: float) -> int | None:
     """The most a rank's memory events before `now` (its clock) add up to at the end of a time: a lower bound on its
     peak, as every later event comes at or after its clock (the peak is the highest sum of the events up to a time).
-    Scanned on from where the last call stopped (`scan`: index, sum, highest, last time); None once an event came
+    Scanned on from where the last call stopped (`scan`: index, sum, highest, last time); None once the events are
     out of time order (a side-stream start an ulp past the clock): no bound then."""
-    times, deltas = mem.times, mem.deltas
     i, run, top, last = scan
-    n = len(times)
-    while i < n and times[i] < now:
-        at = times[i]
-        if at < last:
-            return None
-        run += deltas[i]
-        last = at
-        i += 1
-        if (i == n or times[i] != at) and run > top:
-            top = run
-    scan[:] = [i, run, top, last]
+    tail = mem.times[i:]
+    if not tail or tail[0] >= now:
+        return top
+    if tail[0] < last or tail != sorted(tail):
+        return None
+    j = bisect.bisect_left(tail, now)  # the events before now: each time's run is complete
+    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))[1:]
+    ends = compress(sums, map(ne, tail, islice(tail, 1, j)))  # at the end of each time but the last
+    top = max(top, sums[-1], max(ends, default=top))
+    scan[:] = [i + j, sums[-1], top, tail[j - 1]]
     return top
 
 
@@ -1005,7 +1006,7 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         st.t, st.busy, st.exposed = t, busy, exposed
         remaining -= i - ptr[s]
         ptr[s] = i
-        if scans is not None and scans[s] is not None:
+        if scans is not None and scans[s] is not None and len(st.mem.times) - scans[s][0] >= CAP_SCAN_EVENTS:
             top = _settled_peak(st.mem, scans[s], t)
             if top is None:
                 scans[s] = None

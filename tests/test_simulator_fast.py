@@ -151,12 +151,14 @@ def test_a_capped_simulation_stops_only_for_a_rank_that_peaks_above_its_cap(case
     runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
     full = simulator.simulate(prof, runs)
     peaks = [r.activation_peak_bytes for r in full.stages]
-    at = simulator.simulate(prof, runs, caps=peaks)
-    assert at is not None and [vars(x) for x in at.stages] == [vars(x) for x in full.stages]
-    assert at.iteration_time_s == full.iteration_time_s and at.chunk_grad_waits_s == full.chunk_grad_waits_s
     rank = data.draw(st.integers(0, len(peaks) - 1))
     below = [p - 1 if r == rank else p + data.draw(st.integers(0, 2)) for r, p in enumerate(peaks)]
-    assert simulator.simulate(prof, runs, caps=below) is None
+    with pytest.MonkeyPatch.context() as mp:  # scanned after every visit to a rank: the bound checked all along
+        mp.setattr(simulator, "CAP_SCAN_EVENTS", data.draw(st.sampled_from((1, 3))))
+        at = simulator.simulate(prof, runs, caps=peaks)
+        assert at is not None and [vars(x) for x in at.stages] == [vars(x) for x in full.stages]
+        assert at.iteration_time_s == full.iteration_time_s and at.chunk_grad_waits_s == full.chunk_grad_waits_s
+        assert simulator.simulate(prof, runs, caps=below) is None
 
 
 def test_run_lists_simulated_again_are_what_fresh_ones_give():
