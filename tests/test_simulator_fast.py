@@ -161,6 +161,27 @@ def test_a_capped_simulation_stops_only_for_a_rank_that_peaks_above_its_cap(case
         assert simulator.simulate(prof, runs, caps=below) is None
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0)), st.integers(-50, 50)), max_size=14),
+       st.lists(st.sampled_from((0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 4.0)), min_size=1, max_size=4))
+def test_the_settled_peak_is_the_most_held_at_the_end_of_a_time_before_the_clock(events, clocks):
+    """_settled_peak, scanned on at rising clocks over events in time order: the highest of 0 and the sums of all
+    events up to each time before the clock (later events come at or after it), not a sum inside a time's run."""
+    events = sorted(events, key=lambda e: e[0])
+    mem = simulator._Memory()
+    for t, d in events:
+        mem.note(t, d)
+    scan = [0, 0, 0, float("-inf")]
+    for now in sorted(clocks):
+        times = sorted({t for t, _ in events if t < now})
+        want = max([0] + [sum(d for t, d in events if t <= at) for at in times])
+        assert simulator._settled_peak(mem, scan, now) == want
+    late = simulator._Memory()  # out of time order: no bound
+    late.note(1.0, 1)
+    late.note(0.5, 1)
+    assert simulator._settled_peak(late, [0, 0, 0, float("-inf")], 2.0) is None
+
+
 def test_run_lists_simulated_again_are_what_fresh_ones_give():
     """The simulator derives a chunk's tables once per run list (simulator._chunk): the same lists simulated again,
     and a list changed in place to another policy's runs, give what fresh lists give (the reference), gradient waits
