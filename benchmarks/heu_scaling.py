@@ -7,7 +7,7 @@ CPU seconds (time.process_time) of one HEU search (`solvers.solve`, block caches
     autocast, profiled on this CPU; profiles cached in CACHE): ops of the largest block, repeats folded, candidates,
     the frontier's bound, HEU's time and, with --opt, OPT's time, status and HEU's simulated time above OPT's;
   * a synthetic MoE layer (tests/moe_models.synthetic_moe_block) with 8, 64 and 256 experts;
-  * depth: gpt-175b TP 8 at PP x M, and the 13B PCIe README case;
+  * depth: gpt-175b TP 8 at PP x M, and the 13B PCIe README case (halfway, and at the README's 16.1875 GiB);
   * catalog: every modern catalog model (dense, MoE with EP, MLA) at a layout it trains with, interleaved where its
     depth allows (CATALOG), on h100-80g-nvlink; `search_time_s` is what `lynx plan` reports (wall, whole search).
 
@@ -36,6 +36,7 @@ from lynx_planner.solvers import candidates, repeats  # noqa: E402
 
 PRECISIONS = {"fp32": ("fp32", None), "bf16": ("bf16", None), "bf16-autocast": ("fp32", "bf16")}
 DEPTH = [(8, 64), (16, 128), (32, 256), (48, 384)]
+README_LIMIT = 16 * 2**30 + 3 * 2**26  # 16.1875 GiB, the README's `lynx plan` of the 13B PCIe case
 # model: (tp, pp, dp, ep, virtual stages, micro-batches) on h100-80g-nvlink, seq 4096 (DeepSeek's and Qwen3-MoE's
 # 61 and 94 layers: even splits under interleaving need pp x v dividing the layers, as Megatron's does not require)
 CATALOG = {
@@ -138,10 +139,12 @@ def main() -> None:
         cases = [(f"gpt-175b tp8 pp{pp} M{m}", gpt_profile(
             MODELS["gpt-175b"], ParallelConfig(tp=8, pp=pp, num_microbatches=m, sequence_parallel=True),
             HARDWARE["a100-80g-nvlink"], "flash", 0.0), 0.3) for pp, m in DEPTH]
-        pcie = ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json"
-        cases.append(("gpt-13b pcie tp4 pp4 M16 (README)", Profile.model_validate_json(pcie.read_text()), 0.5))
+        pcie = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
+        cases.append(("gpt-13b pcie tp4 pp4 M16 (README)", pcie, 0.5))
+        # the README's worked example plans at 16.1875 GiB, nearer full recomputation's need: a harder search
+        cases.append(("gpt-13b pcie tp4 pp4 M16 at 16.1875GiB (README's lynx plan)", pcie, README_LIMIT))
         for label, prof, frac in cases:
-            limit = _limit(prof, frac)
+            limit = frac if isinstance(frac, int) else _limit(prof, frac)
             med, lo, hi, heu = timed(prof, "heu", limit, args.repeats)
             print(f"| {label} | {len(prof.layers) / prof.parallel.pp:.1f} | {med:.3f} ({lo:.3f}-{hi:.3f}) | "
                   f"{heu.evaluation.predicted.iteration_time_s:.4f} |", flush=True)

@@ -107,6 +107,11 @@ def evaluate(profile: Profile, stages: list[StagePlan], trace: bool = False, ide
     return _evaluation(profile, stages, sim, ideal_time(profile, bounds) if ideal else float("nan"))
 
 
+def evaluation_of(profile: Profile, stages: list[StagePlan], sim: simulator.SimResult) -> Evaluation:
+    """A search's own evaluation of its simulation of these stages (evaluate(..., ideal=False) without simulating)."""
+    return _evaluation(profile, stages, sim, float("nan"))
+
+
 def _evaluation(profile: Profile, stages: list[StagePlan], sim: simulator.SimResult, ideal_s: float) -> Evaluation:
     preds = []
     for rank, r in enumerate(sim.stages):  # per rank: the device its chunks share

@@ -23,7 +23,9 @@ layer's backward ends, over all the chunks of a rank.
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
@@ -400,11 +402,35 @@ class _Chunk:
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's segments and their sums, the bytes its end frees or holds,
-        # the loss's gradients held over it)
+        # whether it recomputes, its run, its backward's (busy, idle) segment pairs and their sums, the bytes its end
+        # frees or holds, the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           r.bwd_input if split else r.bwd, sums[l], straight[-2], straight[-1])
+                           _pairs(r.bwd_input if split else r.bwd), sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
+
+
+def _pairs(segs: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """Alternating (busy, idle, busy, ...) segments as (busy, idle) pairs, a last busy one with no idle time after."""
+    return tuple(zip(segs[0::2], segs[1::2] + (0.0,) * (len(segs) % 2)))
+
+
+# A search simulates plans that differ in a chunk or two, passing the others' run lists again (solvers/heu.py keeps
+# them): their _Chunk tables are derived once. Keyed by the list's id, the list held (so its id is not reused) and its
+# runs compared by identity (so a list changed in place is derived again); cleared when full.
+_CHUNKS: dict[int, tuple[list[LayerRun], tuple[LayerRun, ...], bool, _Chunk]] = {}
+CHUNK_CACHE_SIZE = 1024
+
+
+def _chunk(runs: list[LayerRun], split: bool) -> _Chunk:
+    """A _Chunk of these runs with its own (empty) gradient waits, the only part a simulation changes."""
+    got = _CHUNKS.get(id(runs))
+    if got is None or got[2] != split or len(got[1]) != len(runs) or any(a is not b for a, b in zip(got[1], runs)):
+        if len(_CHUNKS) >= CHUNK_CACHE_SIZE:
+            _CHUNKS.clear()
+        got = _CHUNKS[id(runs)] = (runs, tuple(runs), split, _Chunk(runs, split))
+    chunk = copy.copy(got[3])
+    chunk.grad_waits = []
+    return chunk
 
 
 class _Memory:
@@ -459,7 +485,7 @@ class _Stage:
     def __init__(self, s: int, chunks: dict[int, list[LayerRun]], gamma: float, trace: list | None,
                  deadline: dict[tuple[int, int], int], split: bool, link: offload.Link | None = None):
         self.s, self.gamma, self.trace, self.deadline, self.split = s, gamma, trace, deadline, split
-        self.chunks = {c: _Chunk(runs, split) for c, runs in chunks.items()}
+        self.chunks = {c: _chunk(runs, split) for c, runs in chunks.items()}
         offloads = any(ch.offloads for ch in self.chunks.values())
         if offloads and link is None:
             raise ValueError("the plan offloads, but the hardware has no host link to offload to (offload.host_link)")
@@ -667,7 +693,7 @@ class _Stage:
             t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
         else:
             t = ready if ready > t else t
-        for l, below, uniform, recomputes, r, segs, sums, freed, transient in ch.bwd_local:
+        for l, below, uniform, recomputes, r, pairs, sums, freed, transient in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
                 pending[l - 1] = task
@@ -704,15 +730,30 @@ class _Stage:
                 busy += sums[0]
                 t += sums[0] + sums[1]
             else:
-                for i, dt in enumerate(segs):
-                    if i % 2 == 0:
-                        t += dt
-                        busy += dt
-                    elif dt > 0:
-                        if queue:
-                            t, hidden = _serve(queue, mem, t, t + dt, gamma, hidden)
+                for dt, idle in pairs:
+                    t += dt
+                    busy += dt
+                    if idle > 0:
+                        if queue:  # _serve(queue, mem, t, t + idle, gamma, hidden) written out: the hot loop
+                            until = t + idle
+                            cur = t
+                            cap = (until - cur) / gamma
+                            while cap > EPS and queue:
+                                task = queue[0]
+                                if not task[2]:
+                                    task[2] = True
+                                    note_t(cur)
+                                    note_d(task[1])
+                                work = task[0] if task[0] < cap else cap
+                                task[0] -= work
+                                cap -= work
+                                hidden += work
+                                cur += work * gamma
+                                if task[0] <= EPS:
+                                    queue.pop(0)
+                            t = until if until > t else t
                         else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
-                            t += dt
+                            t += idle
             note_t(t)
             note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
@@ -779,9 +820,33 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
 
 
-def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False) -> SimResult:
+CAP_SCAN_EVENTS = 256  # with caps, a rank's memory is scanned once this many events have come since the last scan
+
+
+def _settled_peak(mem: _Memory, scan: list, now: float) -> int | None:
+    """The most a rank's memory events before `now` (its clock) add up to at the end of a time: a lower bound on its
+    peak, as every later event comes at or after its clock (the peak is the highest sum of the events up to a time).
+    Scanned on from where the last call stopped (`scan`: index, sum, highest, last time); None once the events are
+    out of time order (a side-stream start an ulp past the clock): no bound then."""
+    i, run, top, last = scan
+    tail = mem.times[i:]
+    if not tail or tail[0] >= now:
+        return top
+    if tail[0] < last or tail != sorted(tail):
+        return None
+    j = bisect.bisect_left(tail, now)  # the events before now: each time's run is complete
+    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))[1:]
+    ends = compress(sums, map(ne, tail, islice(tail, 1, j)))  # at the end of each time but the last
+    top = max(top, sums[-1], max(ends, default=top))
+    scan[:] = [i + j, sums[-1], top, tail[j - 1]]
+    return top
+
+
+def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool = False,
+             caps: list[int] | None = None) -> SimResult | None:
     """Simulate one iteration; `stage_layers[c]` are the layers of virtual stage c in order (pp x virtual_stages of
-    them; rank c % pp runs chunk c)."""
+    them; rank c % pp runs chunk c). `caps`: per rank, activation bytes; None comes back as soon as a rank's memory
+    is known to peak above its cap (a search that only asks whether a plan fits stops there)."""
     par, hw = profile.parallel, profile.hardware
     p, v, m = par.pp, par.virtual_stages, par.num_microbatches
     n_chunks = len(stage_layers)
@@ -828,6 +893,8 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited tens of thousands of times).
     visit = [(st, order, fired, len(order), st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
               st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
+    # with caps, each rank's memory so far, scanned after each visit (not with offload: the copy engine's events)
+    scans = [[0, 0, 0, -math.inf] for _ in range(p)] if caps is not None and link is None else None
     while now:
         s = heapq.heappop(now)
         queued[s] = False
@@ -939,12 +1006,20 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         st.t, st.busy, st.exposed = t, busy, exposed
         remaining -= i - ptr[s]
         ptr[s] = i
+        if scans is not None and scans[s] is not None and len(st.mem.times) - scans[s][0] >= CAP_SCAN_EVENTS:
+            top = _settled_peak(st.mem, scans[s], t)
+            if top is None:
+                scans[s] = None
+            elif top > caps[s]:
+                return None
         if not now:
             now, later = sorted(later), []
     if remaining:
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]
+    if caps is not None and any(res.activation_peak_bytes > cap for res, cap in zip(results, caps)):
+        return None
     for res, st in zip(results, stages):  # the copy engine's figures
         if st.copy is not None:
             res.offload_stall_s, res.link_busy_s, res.host_peak_bytes = st.stall, st.copy.busy_s, st.copy.host_peak()

@@ -230,3 +230,92 @@ def test_ties_go_to_less_recomputation():
     assert all(not p.recompute for st in solved.stages for p in st.policies)
     none = solvers.solve(prof, "none", 1 << 50)
     assert solved.evaluation.predicted.iteration_time_s <= none.evaluation.predicted.iteration_time_s * (1 + 1e-9)
+
+
+# catalog models at layouts of benchmarks/heu_scaling.py: (tp, ep); Qwen3-32B's exact search there stays under the cap
+LAYOUTS = {"llama3-8b": (2, 1), "qwen3-32b": (4, 1), "mixtral-8x7b": (2, 8)}
+
+
+def _catalog_layer(name: str):
+    """The catalog model's largest block at its benchmark layout (pp 4, seq 4096: the block's ops do not depend on
+    either)."""
+    from lynx_planner.analytic import profile as analytic_profile
+    from lynx_planner.models.catalog import MODELS
+    from lynx_planner.models.hardware import HARDWARE
+    from lynx_planner.schema import ParallelConfig
+
+    tp, ep = LAYOUTS[name]
+    par = ParallelConfig(tp=tp, pp=4, dp=8, ep=ep, seq_len=4096, num_microbatches=8, sequence_parallel=True)
+    prof = analytic_profile(MODELS[name], par, HARDWARE["h100-80g-nvlink"])
+    return max(prof.blocks.values(), key=lambda b: len(b.ops))
+
+
+def _steps(info):
+    """Every step of the uncapped exact search: (states after it, its size)."""
+    ops = [o for o in info.block.ops if not o.view][::-1]
+    units, keepable = set(info.units), set(info.keepable)
+    holds = {o.id for o in ops if o.id in info.needed_out or o.id in info.collective}
+    states = {frozenset(): [(info.block.input_bytes, 0.0, 0, False, (), ())]}
+    out = []
+    for op in ops:
+        states = candidates._step(info, op, states, units, keepable, holds)
+        out.append((states, sum(map(len, states.values()))))
+    return ops, units, keepable, holds, out
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen3-32b"])
+def test_least_work_left_is_a_lower_bound(name):
+    """_work_exceeds never says a search must create more partial policies than the uncapped exact search does after
+    any of its steps (else a block the cap allows would lose its exact frontier), and is tight enough to say so one
+    below the truth somewhere."""
+    info = policy.analyse(_catalog_layer(name))
+    ops, units, keepable, holds, steps = _steps(info)
+    sizes = [size for _, size in steps]
+    told = 0
+    for k in range(0, len(ops), 5):
+        left = sum(sizes[k + 1:])
+        states = steps[k][0]
+        assert not candidates._work_exceeds(info, ops, k, states, left, units, keepable, holds)
+        told += candidates._work_exceeds(info, ops, k, states, left // 2, units, keepable, holds)
+    assert told > 0
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-32b"])
+def test_stopping_exact_searches_early_keeps_the_frontier(name, monkeypatch):
+    """The frontier with the early stop (work left proven over the cap) is the one the search gives without it, run
+    to its cap: bounded and the same where the cap is passed (Mixtral), exact where it is not (Qwen3-32B)."""
+    block = _catalog_layer(name)
+    got = candidates.frontier(block)
+    candidates.reset_caches()
+    monkeypatch.setattr(candidates, "_work_exceeds", lambda *a: False)
+    want = candidates.frontier(block)
+    assert got == want
+    assert got.exact == (name == "qwen3-32b")
+
+
+def test_frontier_search_leaves_the_garbage_collector_as_it_was(monkeypatch):
+    """The search pauses the cyclic collector (candidates._collector_paused): on after it if it was on, off if it was
+    off, and on again after a search that fails."""
+    import gc
+
+    block = synthetic_moe_block(8)
+    assert gc.isenabled()
+    candidates.frontier(block)
+    assert gc.isenabled()
+    candidates.reset_caches()
+    gc.disable()
+    try:
+        candidates.frontier(block)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    candidates.reset_caches()
+
+    def fail(*a, **k):
+        assert not gc.isenabled()  # paused during the search
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(candidates, "_search", fail)
+    with pytest.raises(RuntimeError):
+        candidates.frontier(block)
+    assert gc.isenabled()

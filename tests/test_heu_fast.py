@@ -81,3 +81,37 @@ def test_group_merges_only_equal_policies():
     runs = ev.group([*same, other_keep, other_at])
     assert [r.layers for r in runs] == [(1, 3), (3, 4), (4, 5)]
     assert runs[0].keep == same[0].keep and runs[1].keep == other_keep.keep and runs[2].at == "layer_above"
+
+
+def _by_units_loop(front: list[heu.Option], base: int, unit: float, r: int):
+    """The plain form: per rounded memory, the first option of least exposure, keyed in order of first occurrence."""
+    import math
+
+    by_units: dict[int, int] = {}
+    for i, o in enumerate(front):
+        k = math.ceil((o.mem - base) / unit)
+        if k < r and (k not in by_units or o.exposed_s < front[by_units[k]].exposed_s):
+            by_units[k] = i
+    return by_units
+
+
+def test_knapsack_options_by_units_are_the_plain_loops():
+    """The vectorised choice of one option per rounded memory equals the loop over the options, ties in exposure
+    going to the first, on frontiers with repeated memories and exposures, in and out of order, some past r."""
+    rng = np.random.default_rng(7)
+    cand = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")[0]
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        mems = rng.integers(0, 60, n) * int(rng.choice([1, 7, 1 << 30]))
+        if trial % 2:
+            mems = np.sort(mems)
+        front = [heu.Option(cand, "on_demand", int(m), float(rng.integers(0, 5)) * 0.1) for m in mems]
+        base, unit, r = int(mems.min()), float(rng.choice([0.7, 1.0, 3.0])) * int(mems.max() or 1) / 50, 41
+        want = _by_units_loop(front, base, unit, r)
+        got = heu._by_units(front, base, unit, r)
+        if not want:
+            assert got is None
+            continue
+        units, option, exposed = got
+        assert units.tolist() == list(want) and option == list(want.values())
+        assert exposed.tolist() == [front[i].exposed_s for i in want.values()]

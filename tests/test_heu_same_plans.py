@@ -17,6 +17,7 @@ from lynx_planner.models.catalog import MODELS
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.schema import ParallelConfig
 from lynx_planner.solvers import candidates, heu
+from lynx_planner.solvers.partition import even_bounds
 from lynx_planner.solvers.stage_model import candidates_of, exposure, p2p_wait_s, stage_model
 
 
@@ -176,14 +177,14 @@ def test_a_plan_simulated_again_is_looked_up_and_the_search_is_the_same(schedule
     are those of a search that simulates every time, and it simulates fewer times where that search repeats a plan."""
     from contextlib import nullcontext
 
-    from lynx_planner import evaluate as ev
+    from lynx_planner import simulator
 
     prof = small_profile(tp=2, pp=4, m=16, layers=16)
     prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(
         update={"schedule": schedule, "virtual_stages": v})})
     limit = between(prof, 0.3)
-    calls, real = [], ev.evaluate
-    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], simulator.simulate
+    monkeypatch.setattr(simulator, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
     candidates.reset_caches()
     looked_up = heu.heu_strategy(prof, limit, "auto")
     n = len(calls)
@@ -193,3 +194,28 @@ def test_a_plan_simulated_again_is_looked_up_and_the_search_is_the_same(schedule
     assert looked_up[0] == plain[0] and looked_up[1] == plain[1]
     assert looked_up[2].predicted.model_dump_json() == plain[2].predicted.model_dump_json()  # (NaN ideal: not ==)
     assert (n < len(calls) - n) if repeats else (n == len(calls) - n)
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_chunks_runs_reused_within_a_search_give_a_fresh_simulations_figures(schedule, v):
+    """Within a search (heu._simulations) a chunk's stage plan and layer runs are looked up by its place and its layers'
+    policies: a plan that differs from one simulated before in one chunk only (its policy and where it recomputes)
+    reuses the others', and its figures (per-rank static bytes included) are those of a fresh evaluation."""
+    from lynx_planner import evaluate as ev
+
+    prof = small_profile(tp=2, pp=2, m=8, layers=8)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(
+        update={"schedule": schedule, "virtual_stages": v})})
+    bounds = even_bounds(prof, 2 * v)
+    n = len(prof.layers)
+    none = [ev.none_policy(prof, i) for i in range(n)]
+    full = [ev.layer_policy(prof, i, frozenset()) for i in range(n)]
+    hid = [ev.layer_policy(prof, i, frozenset(), at="grad_wait") for i in range(n)]
+    lo, hi = bounds[1], bounds[2]  # the second chunk's layers
+    plans = [none, none[:lo] + full[lo:hi] + none[hi:], none[:lo] + hid[lo:hi] + none[hi:], none]
+    fresh = [ev.evaluate(prof, ev.stage_plans(prof, bounds, pols), ideal=False).predicted.model_dump_json()
+             for pols in plans]
+    assert len(set(fresh[:3])) == 3  # the chunk's policy shows in the figures
+    with heu._simulations():
+        looked_up = [heu._simulate(prof, bounds, pols).predicted.model_dump_json() for pols in plans]
+    assert looked_up == fresh

@@ -141,6 +141,68 @@ def test_shared_simulations_are_what_fresh_ones_give():
     assert ev.keep_all(prof, bounds).predicted.iteration_time_s == reference(prof, runs).iteration_time_s
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases(trace=False), st.data())
+def test_a_capped_simulation_stops_only_for_a_rank_that_peaks_above_its_cap(case, data):
+    """simulate(caps=...) gives None exactly when a rank's full simulation peaks above its cap (it may stop early,
+    on a lower bound of the peak), else the full simulation's figures: caps at the peaks never stop it, a cap a byte
+    below a rank's peak always does."""
+    prof, bounds, pols, _ = case
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    full = simulator.simulate(prof, runs)
+    peaks = [r.activation_peak_bytes for r in full.stages]
+    rank = data.draw(st.integers(0, len(peaks) - 1))
+    below = [p - 1 if r == rank else p + data.draw(st.integers(0, 2)) for r, p in enumerate(peaks)]
+    with pytest.MonkeyPatch.context() as mp:  # scanned after every visit to a rank: the bound checked all along
+        mp.setattr(simulator, "CAP_SCAN_EVENTS", data.draw(st.sampled_from((1, 3))))
+        at = simulator.simulate(prof, runs, caps=peaks)
+        assert at is not None and [vars(x) for x in at.stages] == [vars(x) for x in full.stages]
+        assert at.iteration_time_s == full.iteration_time_s and at.chunk_grad_waits_s == full.chunk_grad_waits_s
+        assert simulator.simulate(prof, runs, caps=below) is None
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from((0.0, 0.5, 1.0, 2.0, 3.0)), st.integers(-50, 50)), max_size=14),
+       st.lists(st.sampled_from((0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 4.0)), min_size=1, max_size=4))
+def test_the_settled_peak_is_the_most_held_at_the_end_of_a_time_before_the_clock(events, clocks):
+    """_settled_peak, scanned on at rising clocks over events in time order: the highest of 0 and the sums of all
+    events up to each time before the clock (later events come at or after it), not a sum inside a time's run."""
+    events = sorted(events, key=lambda e: e[0])
+    mem = simulator._Memory()
+    for t, d in events:
+        mem.note(t, d)
+    scan = [0, 0, 0, float("-inf")]
+    for now in sorted(clocks):
+        times = sorted({t for t, _ in events if t < now})
+        want = max([0] + [sum(d for t, d in events if t <= at) for at in times])
+        assert simulator._settled_peak(mem, scan, now) == want
+    late = simulator._Memory()  # out of time order: no bound
+    late.note(1.0, 1)
+    late.note(0.5, 1)
+    assert simulator._settled_peak(late, [0, 0, 0, float("-inf")], 2.0) is None
+
+
+def test_run_lists_simulated_again_are_what_fresh_ones_give():
+    """The simulator derives a chunk's tables once per run list (simulator._chunk): the same lists simulated again,
+    and a list changed in place to another policy's runs, give what fresh lists give (the reference), gradient waits
+    included (each simulation's own, not added to the last's)."""
+    prof = small_profile(tp=2, pp=2, m=4, layers=6, seq=512)
+    bounds = [0, 4, len(prof.layers)]
+    n = len(prof.layers)
+    hidden = [ev.layer_policy(prof, i, frozenset(), at="grad_wait") for i in range(n)]
+    full = [ev.layer_policy(prof, i, frozenset()) for i in range(n)]
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, hidden))
+    first = simulator.simulate(prof, runs)
+    again = simulator.simulate(prof, runs)
+    assert first.chunk_grad_waits_s == again.chunk_grad_waits_s == reference(prof, runs).chunk_grad_waits_s
+    assert [vars(x) for x in again.stages] == [vars(x) for x in first.stages]
+    runs[0][:] = ev.runs_of(prof, ev.stage_plans(prof, bounds, full))[0]  # the same list, other runs
+    changed = simulator.simulate(prof, runs)
+    slow = reference(prof, [list(r) for r in runs])
+    assert [vars(x) for x in changed.stages] == [vars(x) for x in slow.stages]
+    assert changed.iteration_time_s == slow.iteration_time_s != first.iteration_time_s
+
+
 def sorted_peak(events: list[tuple[float, int]]) -> int:
     """The peak as defined: events in time order, frees before allocations at equal times."""
     run = peak = 0
