@@ -260,42 +260,70 @@ def eager_bases(block: Block, compiled_ids: list[str | None], dropouts: set[str]
     return out
 
 
-def measure(module: nn.Module, args: tuple, kwargs: dict, *, runs: int = 5, warmup: int = 2,
+def measure(module: nn.Module, args: tuple, kwargs: dict, extern: set[str], *, runs: int = 5, warmup: int = 2,
             context: Callable | None = None, clock: Callable[[], float] = time.perf_counter,
-            backend: str = "inductor") -> tuple[float, float, int]:
+            backend: str = "inductor") -> tuple[float, float, int, float]:
     """Median (forward, backward) seconds of the compiled block, compiled plainly as the runtime compiles a layer
-    that recomputes nothing (in the first warm-up run), and the bytes its graph saves for backward (block input,
-    other tensor arguments and parameters excluded)."""
+    that recomputes nothing (in the first warm-up run); the bytes its graph saves for backward (block input, other
+    tensor arguments and parameters excluded); and what recomputing every op but `extern` adds to its backward: the
+    median of paired differences (each run beside a plain one, never below 0) of the block compiled as the runtime
+    compiles a plan keeping only `extern`'s outputs (MUST_SAVE) and recomputing the rest in the fused backward."""
+    from ..runtime import compiled
+
     def plain(*a, **k):
         return module(*a, **k)
 
-    region = torch.compile(plain, backend=backend)
+    make = compiled.context_fn("block", module, frozenset(extern), frozenset(), lambda op: True)
+
+    def recomputing(*a, **k):
+        return compiled.run(module, a, k, make)
+
+    regions = [torch.compile(plain, backend=backend), torch.compile(recomputing, backend=backend)]
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fwd, bwd, saved = [], [], 0
+    fwd, bwd, extra, saved = [], [], [], 0
     for i in range(max(1, warmup) + runs):
-        a, k = fresh_arguments(args, kwargs)
-        sync()
-        t0 = clock()
-        with context() if context is not None else contextlib.nullcontext():
-            out = region(*a, **k)
-        sync()
-        t1 = clock()
-        if i == 0:
-            first, others = split_arguments(a, k)
-            saved = saved_bytes(out, [t for t in (first, *others) if t is not None] + list(module.parameters()))
-        grads_of = [t for t in tensors_in(out) if t.requires_grad]
-        if grads_of:
-            torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
-        sync()
-        t2 = clock()
+        got = []
+        for j, region in enumerate(regions):
+            a, k = fresh_arguments(args, kwargs)
+            sync()
+            t0 = clock()
+            with context() if context is not None else contextlib.nullcontext():
+                out = region(*a, **k)
+            sync()
+            t1 = clock()
+            if i == 0 and j == 0:
+                first, others = split_arguments(a, k)
+                saved = saved_bytes(out, [t for t in (first, *others) if t is not None] + list(module.parameters()))
+            grads_of = [t for t in tensors_in(out) if t.requires_grad]
+            if grads_of:
+                torch.autograd.backward(grads_of, [torch.ones_like(t) for t in grads_of])
+            sync()
+            got.append((t1 - t0, clock() - t1))
         if i >= max(1, warmup):
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
+            fwd.append(got[0][0])
+            bwd.append(got[0][1])
+            extra.append(got[1][1] - got[0][1])
     for p in module.parameters():
         p.grad = None
-    return statistics.median(fwd), statistics.median(bwd), saved
+    return statistics.median(fwd), statistics.median(bwd), saved, max(0.0, statistics.median(extra))
 
 
-__all__ = ["compile_saves", "dropout_masks", "eager_bases", "fused_times", "measure", "saved_bytes",
-           "saved_ops", "with_bool_masks"]
+def recompute_times(times: Times, extern: set[str], recompute_s: float) -> dict[str, float]:
+    """Per-op recomputation seconds under compile of the ops not in `extern`: `recompute_s` (what recomputing them
+    all adds to the compiled backward) shared in proportion to their eager forward times. Their forward share of the
+    compiled block (fused_times) also pays for what a recomputation does not repeat: the forward's stores, the
+    compiled call's own cost."""
+    rest = {op: t[0] for op, t in times.items() if op not in extern}
+    total = sum(rest.values())
+    return {op: (recompute_s * t / total if total > 0 else 0.0) for op, t in rest.items()}
+
+
+def with_recompute_times(block: Block, recompute: dict[str, float]) -> Block:
+    ops = [op.model_copy(update={"recompute_s": recompute[op.id]}) if op.id in recompute and not op.view else op
+           for op in block.ops]
+    return block.model_copy(update={"ops": ops})
+
+
+__all__ = ["compile_saves", "dropout_masks", "eager_bases", "fused_times", "measure", "recompute_times", "saved_bytes",
+           "saved_ops", "with_bool_masks", "with_recompute_times"]

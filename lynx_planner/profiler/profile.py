@@ -296,24 +296,26 @@ def _block_input(slot: LayerSlot) -> torch.Tensor | None:
 
 
 def _compiled(slot: LayerSlot, traced: BlockTrace, times, repeats: int, context, clock, backend: str):
-    """A block type's times as torch.compile runs it, the bytes its compiled graph saves and the op ids of the tensors
-    it saves (profiler/compiled.py)."""
+    """A block type's times as torch.compile runs it, and what _as_compiled needs: the bytes its compiled graph
+    saves, the op ids of the tensors it saves, its dropout modules, its ops' recomputation times (profiler/compiled.py)."""
+    extern = {op.id for op in traced.ops if op.fwd.gemm_flops + op.fwd.attention_flops > 0}
     torch._dynamo.reset()  # each block type compiled afresh (no recompilation limit across types)
-    fwd, bwd, saved = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, runs=repeats,
-                                             context=context, clock=clock, backend=backend)
+    fwd, bwd, saved, recompute_s = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, extern,
+                                                          runs=repeats, context=context, clock=clock, backend=backend)
     torch._dynamo.reset()
     ops = compiled_block.saved_ops(slot.module, slot.args, slot.kwargs or {}, backend, context)
     dropouts = {p for p, m in slot.module.named_modules() if isinstance(m, torch.nn.Dropout)}
-    extern = {op.id for op in traced.ops if op.fwd.gemm_flops + op.fwd.attention_flops > 0}
-    return compiled_block.fused_times(times, extern, (fwd, bwd)), (saved, ops, dropouts)
+    recompute = compiled_block.recompute_times(times, extern, recompute_s)
+    return compiled_block.fused_times(times, extern, (fwd, bwd)), (saved, ops, dropouts, recompute)
 
 
 def _as_compiled(path: str, block: Block, first: torch.Tensor | None, saved, warn) -> Block:
     """The block as compile saves it (compiled dropout masks; what the partitioner recomputes in the fused backward
     saved by no plan), before tensor-parallel sharding; a warning where a plan that recomputes nothing keeps other
     bytes than the compiled graph saves."""
-    measured, compiled_ids, dropouts = saved
+    measured, compiled_ids, dropouts, recompute = saved
     block = compiled_block.with_bool_masks(block, first.element_size() if first is not None else 4)
+    block = compiled_block.with_recompute_times(block, recompute)
     bases = compiled_block.eager_bases(block, compiled_ids, dropouts)
     if bases is None:
         warn(f"{path}: block {block.name!r}: some tensors its compiled graph saves belong to no op of the profile; "
