@@ -103,7 +103,8 @@ def test_recompute_times_share_the_measured_recomputation():
 
 def test_compiled_profile_of_a_tiny_hf_llama_saves_what_its_compiled_graph_saves():
     """A tiny HF Llama profiled with --compile: no block warns that its compiled graph saves other bytes than the
-    profile predicts for keeping everything; then a plan of it keeping the GEMMs' and attention's outputs, applied and
+    profile predicts for keeping everything (what compile recomputes in its fused backward, the activation among
+    them, is no saved unit); then a plan of it keeping the GEMMs' and attention's outputs, applied and
     each decoder layer compiled with inductor, saves the plan's kept bytes exactly (the block input aside, which the
     profile counts and the layer receives)."""
     from runtime_utils import Spec, layer_policy
@@ -118,6 +119,10 @@ def test_compiled_profile_of_a_tiny_hf_llama_saves_what_its_compiled_graph_saves
     gemms = [op for op in block.ops if op.flops > 0]
     assert gemms and all(op.fwd_s > 0 for op in gemms)
     assert [op.out_bytes for op in block.ops] == [op.out_bytes for op in eager.blocks["LlamaDecoderLayer"].ops]
+    # compile recomputes the activation in its fused backward (from the gate it saves): no saved unit compiled
+    units = {name: set(policy.analyse(p.blocks["LlamaDecoderLayer"]).units) for name, p in (("c", prof), ("e", eager))}
+    assert [u for u in units["e"] - units["c"] if ":silu#" in u]
+    assert all(op.recompute_s is not None for op in block.ops if op.flops == 0 and not op.view)
 
     plan = solvers.plan(prof, "p.json", "0" * 64, "full", 1 << 60)
     assert plan.compiled  # a compiled profile's plans are for compiled training
