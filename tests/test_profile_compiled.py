@@ -86,6 +86,21 @@ def test_compile_saves_stands_what_compile_recomputes_for_its_sources():
     assert policy.closure(eager, frozenset(eager.units) - {":mul#0"}) == (":mul#0",)
 
 
+def test_what_compile_saves_of_a_linear_layer_and_where_it_cannot_be_read():
+    """A linear layer saves its input and weight, both arguments: no op of it is saved (aot_eager's partitioner read
+    through the stamping region). The eager backend has no partitioner to read: None, and the block keeps eager
+    autograd's units (eager_bases None)."""
+    from lynx_planner.profiler.compiled import eager_bases, saved_ops
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    assert saved_ops(layer, (x,), {}, "aot_eager") == []
+    torch._dynamo.reset()
+    assert saved_ops(layer, (x,), {}, "eager") is None
+    assert eager_bases(_swiglu_block(), None, set()) is None
+    assert eager_bases(_swiglu_block(), ["act:silu#0", "up:mm#0"], set()) == {"act:silu#0", "up:mm#0"}
+    assert eager_bases(_swiglu_block(), ["act:silu#0", None], set()) is None
+
+
 def test_recompute_times_share_the_measured_recomputation():
     """Hand arithmetic: recomputing silu and mul adds 0.4 ms to the compiled backward, shared 1:3 as their eager
     forward times (the GEMM keeps its forward time as its recomputation's). A block's recompute_s prices its

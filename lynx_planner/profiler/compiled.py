@@ -163,8 +163,9 @@ def _storage_owner(node):
 
 
 def _recording_backend(backend: str, found: list) -> tuple[object, contextlib.AbstractContextManager]:
-    """`backend` with its partitioner recording (inductor's custom partitioner hook, aot_eager rebuilt with it), and
-    the config under which it compiles (no caches: a cached graph is not partitioned again)."""
+    """`backend` with its partitioner recording (inductor's custom partitioner hook, aot_eager rebuilt with it; None
+    for another backend), and the config under which it compiles (no caches: a cached graph is not partitioned
+    again)."""
     from torch._functorch import config as functorch_config
 
     no_cache = functorch_config.patch(enable_autograd_cache=False)
@@ -188,7 +189,7 @@ def _recording_backend(backend: str, found: list) -> tuple[object, contextlib.Ab
 
         return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=record,
                             keep_inference_input_mutations=True), no_cache
-    raise ValueError(f"cannot read what backend {backend!r} saves (inductor, aot_eager)")
+    return None, no_cache  # another backend's partitioner cannot be read
 
 
 @contextlib.contextmanager
@@ -198,14 +199,17 @@ def _both(a, b):
 
 
 def saved_ops(module: nn.Module, args: tuple, kwargs: dict, backend: str = "inductor",
-              context: Callable | None = None) -> list[str | None]:
+              context: Callable | None = None) -> list[str | None] | None:
     """The op ids (as the compiled forward names them) of the tensors compile saves for the block's backward when
     no plan tags its ops, one per saved tensor (None: a saved node no op traced); its arguments and parameters
-    excluded. See the module docstring."""
+    excluded. None: `backend` is neither inductor nor aot_eager, whose partitioner it cannot read. See the module
+    docstring."""
     from ..runtime import compiled
 
     found: list[list[str | None]] = []
     compiler, config = _recording_backend(backend, found)
+    if compiler is None:
+        return None
     make = _stamping_policy(module)
 
     def region(*a, **k):
@@ -242,11 +246,13 @@ def compile_saves(block: Block, saved: set[str]) -> Block:
     return block.model_copy(update={"ops": ops})
 
 
-def eager_bases(block: Block, compiled_ids: list[str | None], dropouts: set[str]) -> set[str] | None:
+def eager_bases(block: Block, compiled_ids: list[str | None] | None, dropouts: set[str]) -> set[str] | None:
     """The block's ops (storage owners) that `saved_ops`' compiled op ids stand for (a compiled dropout's mask: the
-    eager scaled mask op); None where a saved tensor names no op of the block."""
+    eager scaled mask op); None where a saved tensor names no op of the block, or `compiled_ids` is None."""
     from ..runtime.compiled import eager_ids
 
+    if compiled_ids is None:
+        return None
     info = policy.analyse(block)
     out = set()
     for op in compiled_ids:

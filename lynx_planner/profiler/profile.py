@@ -318,8 +318,9 @@ def _as_compiled(path: str, block: Block, first: torch.Tensor | None, saved, war
     block = compiled_block.with_recompute_times(block, recompute)
     bases = compiled_block.eager_bases(block, compiled_ids, dropouts)
     if bases is None:
-        warn(f"{path}: block {block.name!r}: some tensors its compiled graph saves belong to no op of the profile; "
-             "its plans keep what eager autograd saves (kept elementwise outputs then cost compile a store each)")
+        warn(f"{path}: block {block.name!r}: could not tell which ops' outputs its compiled graph saves (a saved tensor "
+             "of no op of the profile, or a backend other than inductor and aot_eager); its plans keep what eager "
+             "autograd saves (kept elementwise outputs then cost compile a store each)")
     else:
         block = compiled_block.compile_saves(block, bases)
     info = policy.analyse(block)
