@@ -30,7 +30,7 @@ class BlockInfo:
     units: tuple[str, ...]  # saved units, in op order
     keepable: tuple[str, ...]  # saved units and forward collectives, in op order
     unit_bytes: dict[str, int]  # bytes held when an op is kept
-    fwd_s: dict[str, float]
+    fwd_s: dict[str, float]  # op id -> its recomputation seconds (recompute_s, else fwd_s)
     collective: frozenset[str]
     held_bytes: int = 0  # what OUTSIDE ops save: held whatever the plan
 
@@ -63,7 +63,7 @@ def analyse(block: Block) -> BlockInfo:
         units=units,
         keepable=keepable,
         unit_bytes=unit_bytes,
-        fwd_s={op.id: op.fwd_s for op in real},
+        fwd_s={op.id: op.fwd_s if op.recompute_s is None else op.recompute_s for op in real},
         collective=collective,
         held_bytes=sum(unit_bytes[o] for o in outside if o in unit_bytes),
     )

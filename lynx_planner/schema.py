@@ -230,7 +230,11 @@ class Op(_Model):
 
     id: str = Field(description="stable id: '<module path>:<aten op>#<occurrence>'")
     kind: Literal["compute", "collective"] = "compute"
-    fwd_s: float = Field(ge=0, description="forward time; also its recomputation time")
+    fwd_s: float = Field(ge=0, description="forward time; also its recomputation time unless recompute_s is given")
+    recompute_s: float | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                      description="recomputation time where it differs from fwd_s (a compiled "
+                                      "profile's fused elementwise ops: what recomputing them adds to the fused "
+                                      "backward)")
     bwd_s: float = Field(ge=0, description="backward time (for a collective: its backward communication)")
     bwd_overlap_s: float = Field(
         0.0, ge=0, description="collectives: backward compute that runs beside the backward collective (wgrad)"

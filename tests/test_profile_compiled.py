@@ -13,8 +13,10 @@ import torch
 from lynx_planner import apply_plan, policy, solvers
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.profiler import profile_model_file
-from lynx_planner.profiler.compiled import dropout_masks, fused_times, saved_bytes
-from lynx_planner.schema import ParallelConfig
+from lynx_planner.io import dumps
+from lynx_planner.profiler.compiled import (compile_saves, dropout_masks, fused_times, recompute_times, saved_bytes,
+                                            with_recompute_times)
+from lynx_planner.schema import Block, Op, ParallelConfig
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -45,9 +47,79 @@ def test_fused_times_share_the_compiled_remainder():
     assert fused_times(times, {"mm"}, (0.004, 0.004))["silu"] == (0.0, 0.0)
 
 
+def _swiglu_block() -> Block:
+    """A residual branch into a norm-like op, then SwiGLU, as eager autograd saves them (bytes by hand)."""
+    def op(id, inputs, saves, out, fwd=0.001):
+        return Op(id=id, fwd_s=fwd, bwd_s=fwd, out_bytes=out, inputs=inputs, saves=saves)
+    return Block(name="b", input_bytes=40, output_bytes=40, ops=[
+        op("o:mm#0", ["input"], ["input"], 40, 0.004),
+        op(":add#0", ["input", "o:mm#0"], [], 40),        # the residual: read by the norm-like op's backward
+        op("n:pow#0", [":add#0"], [":add#0"], 40),
+        op("gate:mm#0", ["n:pow#0"], ["n:pow#0"], 100, 0.004),
+        op("up:mm#0", ["n:pow#0"], ["n:pow#0"], 100, 0.004),
+        op("act:silu#0", ["gate:mm#0"], ["gate:mm#0"], 100, 0.002),
+        op(":mul#0", ["act:silu#0", "up:mm#0"], ["act:silu#0", "up:mm#0"], 100, 0.003),
+        op("down:mm#0", [":mul#0"], [":mul#0"], 40, 0.004),
+    ])
+
+
+def test_compile_saves_stands_what_compile_recomputes_for_its_sources():
+    """Eager autograd saves the residual, the norm's output, gate, silu, up and their product: 40 + 40 + 400 B, the
+    input's 40 B aside. Compile saves the output projection instead of the residual (recomputing the add from it and
+    the input) and recomputes silu from gate: in the compiled profile silu and the residual are no saved units, the
+    output projection is one, and keeping everything keeps 40 + 40 + 300 B. A plan that recomputes the product then
+    recomputes silu with it (3 + 2 ms), which the eager profile never needed."""
+    block = _swiglu_block()
+    eager = policy.analyse(block)
+    assert set(eager.units) == {":add#0", "n:pow#0", "gate:mm#0", "act:silu#0", "up:mm#0", ":mul#0"}
+    assert policy.cost(eager, policy.none_keep(eager), ()).kept_bytes == 40 + 40 + 40 + 400
+    compiled = compile_saves(block, {"o:mm#0", "n:pow#0", "gate:mm#0", "up:mm#0", ":mul#0"})
+    info = policy.analyse(compiled)
+    assert set(info.units) == {"o:mm#0", "n:pow#0", "gate:mm#0", "up:mm#0", ":mul#0"}
+    saves = {op.id: op.saves for op in compiled.ops}
+    assert saves["n:pow#0"] == ["input", "o:mm#0"] and saves[":mul#0"] == ["gate:mm#0", "up:mm#0"]
+    assert policy.cost(info, policy.none_keep(info), ()).kept_bytes == 40 + 40 + 40 + 300
+    keep = frozenset(info.units) - {":mul#0"}
+    recompute = policy.closure(info, keep)
+    assert recompute == ("act:silu#0", ":mul#0")
+    assert policy.cost(info, keep, recompute).recompute_s == pytest.approx(0.005)
+    assert policy.closure(eager, frozenset(eager.units) - {":mul#0"}) == (":mul#0",)
+
+
+def test_what_compile_saves_of_a_linear_layer_and_where_it_cannot_be_read():
+    """A linear layer saves its input and weight, both arguments: no op of it is saved (aot_eager's partitioner read
+    through the stamping region). The eager backend has no partitioner to read: None, and the block keeps eager
+    autograd's units (eager_bases None)."""
+    from lynx_planner.profiler.compiled import eager_bases, saved_ops
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    assert saved_ops(layer, (x,), {}, "aot_eager") == []
+    torch._dynamo.reset()
+    assert saved_ops(layer, (x,), {}, "eager") is None
+    assert eager_bases(_swiglu_block(), None, set()) is None
+    assert eager_bases(_swiglu_block(), ["act:silu#0", "up:mm#0"], set()) == {"act:silu#0", "up:mm#0"}
+    assert eager_bases(_swiglu_block(), ["act:silu#0", None], set()) is None
+
+
+def test_recompute_times_share_the_measured_recomputation():
+    """Hand arithmetic: recomputing silu and mul adds 0.4 ms to the compiled backward, shared 1:3 as their eager
+    forward times (the GEMM keeps its forward time as its recomputation's). A block's recompute_s prices its
+    recomputation in policy.cost (0.1 + 0.3 ms, not the 5 ms forward) and is written only where given."""
+    times = {"mm": (0.006, 0.005), "silu": (0.002, 0.001), "mul": (0.006, 0.001)}
+    got = recompute_times(times, {"mm"}, 0.0004)
+    assert got == pytest.approx({"silu": 0.0001, "mul": 0.0003})
+    block = with_recompute_times(_swiglu_block(), {"act:silu#0": 0.0001, ":mul#0": 0.0003})
+    info = policy.analyse(block)
+    assert policy.cost(info, frozenset(), ("act:silu#0", ":mul#0")).recompute_s == pytest.approx(0.0004)
+    assert policy.cost(info, frozenset(), ("gate:mm#0",)).recompute_s == pytest.approx(0.004)
+    text = dumps(block)
+    assert text.count('"recompute_s"') == 2 and '"recompute_s"' not in dumps(_swiglu_block())
+
+
 def test_compiled_profile_of_a_tiny_hf_llama_saves_what_its_compiled_graph_saves():
     """A tiny HF Llama profiled with --compile: no block warns that its compiled graph saves other bytes than the
-    profile predicts for keeping everything; then a plan of it keeping the GEMMs' and attention's outputs, applied and
+    profile predicts for keeping everything (what compile recomputes in its fused backward, the activation among
+    them, is no saved unit); then a plan of it keeping the GEMMs' and attention's outputs, applied and
     each decoder layer compiled with inductor, saves the plan's kept bytes exactly (the block input aside, which the
     profile counts and the layer receives)."""
     from runtime_utils import Spec, layer_policy
@@ -62,6 +134,10 @@ def test_compiled_profile_of_a_tiny_hf_llama_saves_what_its_compiled_graph_saves
     gemms = [op for op in block.ops if op.flops > 0]
     assert gemms and all(op.fwd_s > 0 for op in gemms)
     assert [op.out_bytes for op in block.ops] == [op.out_bytes for op in eager.blocks["LlamaDecoderLayer"].ops]
+    # compile recomputes the activation in its fused backward (from the gate it saves): no saved unit compiled
+    units = {name: set(policy.analyse(p.blocks["LlamaDecoderLayer"]).units) for name, p in (("c", prof), ("e", eager))}
+    assert [u for u in units["e"] - units["c"] if ":silu#" in u]
+    assert all(op.recompute_s is not None for op in block.ops if op.flops == 0 and not op.view)
 
     plan = solvers.plan(prof, "p.json", "0" * 64, "full", 1 << 60)
     assert plan.compiled  # a compiled profile's plans are for compiled training

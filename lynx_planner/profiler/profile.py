@@ -240,12 +240,12 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     _check_parallel(path, model, traces, parallel, len(slots))
     blocks = {}
     for name, tr in traces.items():
-        blocks[name] = tensor_parallel.shard(to_block(name, tr, times[name]), tr, parallel, hardware)
+        block = to_block(name, tr, times[name])
+        if name in saved:  # compiled: as compile saves it, checked on the measured (unsharded) module
+            block = _as_compiled(path, block, _block_input(groups[name][0]), saved[name], warn)
+        blocks[name] = tensor_parallel.shard(block, tr, parallel, hardware)
         if split.get(name) is not None:
             blocks[name] = blocks[name].model_copy(update={"split_backward": round(split[name], 4)})
-        if name in saved:
-            blocks[name] = _check_saved(path, blocks[name], _block_input(groups[name][0]),
-                                        saved[name] if parallel.tp == 1 else None, warn)
         _check_plannable(blocks[name])
     seen: set[int] = set()
     bpp = bytes_per_param(parallel)
@@ -296,22 +296,36 @@ def _block_input(slot: LayerSlot) -> torch.Tensor | None:
 
 
 def _compiled(slot: LayerSlot, traced: BlockTrace, times, repeats: int, context, clock, backend: str):
-    """A block type's times as torch.compile runs it, and the bytes its compiled graph saves (profiler/compiled.py)."""
-    ops = [op.id for op in traced.ops]
-    torch._dynamo.reset()  # each block type compiled afresh (no recompilation limit across types)
-    fwd, bwd, saved = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, ops, runs=repeats,
-                                             context=context, clock=clock, backend=backend)
+    """A block type's times as torch.compile runs it, and what _as_compiled needs: the bytes its compiled graph
+    saves, the op ids of the tensors it saves, its dropout modules, its ops' recomputation times (profiler/compiled.py)."""
     extern = {op.id for op in traced.ops if op.fwd.gemm_flops + op.fwd.attention_flops > 0}
-    return compiled_block.fused_times(times, extern, (fwd, bwd)), saved
+    torch._dynamo.reset()  # each block type compiled afresh (no recompilation limit across types)
+    fwd, bwd, saved, recompute_s = compiled_block.measure(slot.module, slot.args, slot.kwargs or {}, extern,
+                                                          runs=repeats, context=context, clock=clock, backend=backend)
+    torch._dynamo.reset()
+    ops = compiled_block.saved_ops(slot.module, slot.args, slot.kwargs or {}, backend, context)
+    dropouts = {p for p, m in slot.module.named_modules() if isinstance(m, torch.nn.Dropout)}
+    recompute = compiled_block.recompute_times(times, extern, recompute_s)
+    return compiled_block.fused_times(times, extern, (fwd, bwd)), (saved, ops, dropouts, recompute)
 
 
-def _check_saved(path: str, block: Block, first: torch.Tensor | None, measured: int | None, warn) -> Block:
-    """The block with compiled dropout masks; a warning where the compiled graph saves other bytes than predicted
-    for a plan that recomputes nothing (None: not comparable, the measured module is unsharded under --tp)."""
+def _as_compiled(path: str, block: Block, first: torch.Tensor | None, saved, warn) -> Block:
+    """The block as compile saves it (compiled dropout masks; what the partitioner recomputes in the fused backward
+    saved by no plan), before tensor-parallel sharding; a warning where a plan that recomputes nothing keeps other
+    bytes than the compiled graph saves."""
+    measured, compiled_ids, dropouts, recompute = saved
     block = compiled_block.with_bool_masks(block, first.element_size() if first is not None else 4)
+    block = compiled_block.with_recompute_times(block, recompute)
+    bases = compiled_block.eager_bases(block, compiled_ids, dropouts)
+    if bases is None:
+        warn(f"{path}: block {block.name!r}: could not tell which ops' outputs its compiled graph saves (a saved tensor "
+             "of no op of the profile, or a backend other than inductor and aot_eager); its plans keep what eager "
+             "autograd saves (kept elementwise outputs then cost compile a store each)")
+    else:
+        block = compiled_block.compile_saves(block, bases)
     info = policy.analyse(block)
     predicted = policy.cost(info, policy.none_keep(info), ()).kept_bytes - block.input_bytes
-    if measured is not None and predicted != measured:
+    if predicted != measured:
         warn(f"{path}: block {block.name!r} compiled saves {measured:,} B for backward, the profile predicts "
              f"{predicted:,} B: plans of it keep other bytes than predicted")
     return block

@@ -5,7 +5,9 @@ dispatch mode; dynamo traces neither faithfully. Under torch.compile a planned l
 `torch.utils.checkpoint` with a `create_selective_checkpoint_contexts` policy, as torchtitan's compiled selective
 checkpointing does: every op of the layer the plan keeps is `MUST_SAVE`, every other op `PREFER_RECOMPUTE`. Dynamo
 turns the checkpoint into a tagged region, AOTAutograd's partitioner honours the tags, and inductor fuses the
-recomputation into the backward kernels.
+recomputation into the backward kernels. `MUST_SAVE` saves the op's output even where compile would have recomputed it
+in the fused backward; the plans of a compiled profile keep only ops whose outputs compile itself saves
+(profiler/compiled.py), so their kept layers hold no tensor compile fuses away.
 
 The policy runs while AOTAutograd traces the region (once per compilation, not per step). It names each op as the
 profiler does ('<submodule path>:<aten op>#<occurrence>', opid.py): the submodule comes from the node's

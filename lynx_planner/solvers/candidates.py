@@ -196,7 +196,7 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None, 
     ops = [o for o in info.block.ops if not o.view][::-1]
     units, keepable = set(info.units), set(info.keepable)
     holds = {o.id for o in ops if o.id in info.needed_out or o.id in info.collective}
-    total_s = sum(o.fwd_s for o in ops)
+    total_s = sum(info.fwd_s[o.id] for o in ops)
     total_b = sum(info.unit_bytes[u] for u in info.units)
     eps, f = 0.0, F_FIRST
     # state: the ops still required (read by a recomputed op, not yet decided) -> Pareto-optimal partial policies
@@ -295,7 +295,7 @@ def _step(info: policy.BlockInfo, op, states: dict, units: set, keepable: set, h
     unit_bytes = info.unit_bytes[o]
     regen_bytes = unit_bytes if o in units else 0
     replays = o in info.collective and op.fwd_s > 0
-    fwd_s = op.fwd_s
+    fwd_s = info.fwd_s[o]  # its recomputation seconds
     is_unit, is_keepable, is_held = o in units, o in keepable, o in holds
     nxt: dict[frozenset[str], list[tuple]] = {}
     sole: dict[frozenset[str], bool] = {}  # per next state: reached from one list that needs no pruning

@@ -136,6 +136,8 @@ def fold(block: Block) -> Folded | None:
         merged.append(op.model_copy(update={
             "inputs": inputs, "saves": saves,
             "fwd_s": sum(o.fwd_s for o in group), "bwd_s": sum(o.bwd_s for o in group),
+            "recompute_s": None if all(o.recompute_s is None for o in group)
+            else sum(o.fwd_s if o.recompute_s is None else o.recompute_s for o in group),
             "bwd_overlap_s": sum(o.bwd_overlap_s for o in group), "flops": sum(o.flops for o in group),
             "out_bytes": sum(o.out_bytes for o in group), "aux_bytes": sum(o.aux_bytes for o in group)}))
     try:
