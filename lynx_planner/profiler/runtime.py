@@ -14,7 +14,7 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   the profiled model's own gradients.
 - FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
   bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as the
-  job runs it: beside the rank's compute (the model's forward, until the collective completes), as FSDP2 prefetches
+  job runs it: beside the rank's compute (one forward of the model, then waited for), as FSDP2 prefetches
   a unit's gather behind the layer before it and reduce-scatters behind the next layer's backward. Run alone (the
   rank waiting for it), the same collective takes more CPU per byte (docs/timeline.md).
 - both: the contention between the ranks' compute, compute_slowdown: the model file's whole forward and backward
@@ -206,15 +206,16 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, model_path: str,
         _, forward = _model_step(model_path, overrides, dtype)
 
         def comm_cpu(fn) -> float:
-            """The communication threads' CPU of one collective (the process's less this thread's) run beside the
-            rank's compute (forwards until it completes), as FSDP2 runs it, median."""
+            """The communication threads' CPU of one collective (the process's less this thread's) as FSDP2 runs it:
+            started, the rank's compute beside it (one forward of the model: longer than one unit's collective, as a
+            layer's is in the job), then waited for; median. (gloo's reduce-scatter work cannot be polled: its
+            is_completed stays False until waited for.)"""
             out = []
             for k in range(WARMUP + repeats):
                 dist.barrier()
                 c0, p0 = time.thread_time(), time.process_time()
                 work = fn()
-                while not work.is_completed():
-                    forward()
+                forward()
                 work.wait()
                 if k >= WARMUP:
                     out.append((time.process_time() - p0) - (time.thread_time() - c0))
