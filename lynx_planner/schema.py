@@ -324,8 +324,7 @@ class LocalRuntime(_Model):
                                           description="the pipeline schedule's gradient scaling by 1 / micro-batches "
                                           "at the iteration's end, per parameter of the rank")
     all_gather_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
-                                             description="communication threads' CPU per byte gathered (output), "
-                                             "measured beside the rank's compute as FSDP2 prefetches")
+                                             description="communication threads' CPU per byte gathered (output)")
     reduce_scatter_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
                                                  description="communication threads' CPU per byte reduced (input)")
     compute_slowdown: PositiveFloat = Field(1.0, exclude_if=lambda v: v == 1.0,

@@ -13,10 +13,8 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
   the profiled model's own gradients.
 - FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
-  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as the
-  job runs it: beside the rank's compute (one forward of the model, then waited for), as FSDP2 prefetches
-  a unit's gather behind the layer before it and reduce-scatters behind the next layer's backward. Run alone (the
-  rank waiting for it), the same collective takes more CPU per byte (docs/timeline.md).
+  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as
+  FSDP2 runs it on a CPU: synchronously, the training thread waiting (docs/timeline.md).
 - both: the contention between the ranks' compute, compute_slowdown: the model file's whole forward and backward
   timed by CPU on one rank while the others wait, then on every rank at once; the ratio of the medians. The block
   times are one process alone; the job's ranks run beside each other on the shared caches and memory, and each
@@ -139,7 +137,7 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
 
 
 def _model_step(model_path: str, overrides: dict, dtype: str):
-    """(forward and backward, forward alone) of the model file's model on its example inputs, as one rank runs it."""
+    """One forward and backward of the model file's model on its example inputs, as one rank runs it."""
     from .loading import load_model_file
     from .recorder import tensors_in
 
@@ -151,10 +149,7 @@ def _model_step(model_path: str, overrides: dict, dtype: str):
         out[0].float().pow(2).mean().backward()  # validate's loss (validate._squares)
         model.zero_grad(set_to_none=True)
 
-    def forward() -> None:
-        with torch.no_grad():
-            model(*inputs)
-    return step, forward
+    return step
 
 
 def _cpu_times(fn, n: int) -> list[float]:
@@ -183,7 +178,7 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=600))
     try:
-        step, _ = _model_step(model_path, overrides, dtype)
+        step = _model_step(model_path, overrides, dtype)
         alone = _cpu_times(step, repeats) if rank == 0 else []
         dist.barrier()
         together = _cpu_times(step, repeats)
@@ -193,8 +188,7 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
         dist.destroy_process_group()
 
 
-def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, model_path: str, overrides: dict, dtype: str,
-                 threads: int, repeats: int, out_dir: str) -> None:
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -203,26 +197,22 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, model_path: str,
     try:
         full = torch.ones(nbytes // 4)
         shard = torch.ones(nbytes // 4 // world)
-        _, forward = _model_step(model_path, overrides, dtype)
 
         def comm_cpu(fn) -> float:
-            """The communication threads' CPU of one collective (the process's less this thread's) as FSDP2 runs it:
-            started, the rank's compute beside it (one forward of the model: longer than one unit's collective, as a
-            layer's is in the job), then waited for; median. (gloo's reduce-scatter work cannot be polled: its
-            is_completed stays False until waited for.)"""
+            """The communication threads' CPU of one collective (the process's less this thread's), run as FSDP2 runs
+            it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is False and a CPU has
+            no streams, so no compute runs beside it); median."""
             out = []
             for k in range(WARMUP + repeats):
                 dist.barrier()
                 c0, p0 = time.thread_time(), time.process_time()
-                work = fn()
-                forward()
-                work.wait()
+                fn()
                 if k >= WARMUP:
                     out.append((time.process_time() - p0) - (time.thread_time() - c0))
             return statistics.median(out)
 
-        gather = comm_cpu(lambda: dist.all_gather_into_tensor(full, shard, async_op=True))
-        scatter = comm_cpu(lambda: dist.reduce_scatter_tensor(shard, full, async_op=True))
+        gather = comm_cpu(lambda: dist.all_gather_single(full, shard))
+        scatter = comm_cpu(lambda: dist.reduce_scatter_single(shard, full))
         if rank == 0:
             Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
                                                               "reduce_scatter": scatter / nbytes}))
@@ -294,8 +284,8 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
                 compute_slowdown=slower)
         # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
         nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
-        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, model_path, overrides, dtype, threads, repeats,
-                                     out_dir), nprocs=world, join=True)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
+                 join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
