@@ -145,8 +145,9 @@ def _model_step(model_path: str, overrides: dict, dtype: str):
     model.train()
 
     def step() -> None:
-        out = [t for t in tensors_in(model(*inputs)) if t.is_floating_point()]
-        out[0].float().pow(2).mean().backward()  # validate's loss (validate._squares)
+        out = [t for t in tensors_in(model(*inputs)) if t.requires_grad]
+        if out:  # (an output without a gradient: the forward alone)
+            out[0].float().pow(2).mean().backward()  # validate's loss (validate._squares)
         model.zero_grad(set_to_none=True)
 
     return step
