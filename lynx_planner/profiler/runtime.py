@@ -153,15 +153,11 @@ def _model_step(model_path: str, overrides: dict, dtype: str):
     return step
 
 
-def _cpu_times(fn, n: int) -> list[float]:
-    """The training thread's CPU seconds of n calls of fn, after WARMUP more."""
-    out = []
-    for k in range(WARMUP + n):
-        c0 = time.thread_time()
-        fn()
-        if k >= WARMUP:
-            out.append(time.thread_time() - c0)
-    return out
+def _cpu_time(fn) -> float:
+    """The calling thread's CPU seconds of one call of fn."""
+    c0 = time.thread_time()
+    fn()
+    return time.thread_time() - c0
 
 
 def slowdown(alone: list[float], together: list[float]) -> float:
@@ -172,7 +168,8 @@ def slowdown(alone: list[float], together: list[float]) -> float:
 
 def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides: dict, dtype: str, threads: int,
                     repeats: int, out_dir: str) -> None:
-    """Rank 0's forward and backward CPU alone (the others waiting in a barrier: no CPU), then every rank's at once."""
+    """Rank 0's forward and backward CPU alone (the others waiting in a barrier: no CPU), then every rank's at once,
+    alternated step by step (a drift of the machine's other load moves both alike)."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -180,10 +177,14 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
                             timeout=timedelta(seconds=600))
     try:
         step = _model_step(model_path, overrides, dtype)
-        alone = _cpu_times(step, repeats) if rank == 0 else []
-        dist.barrier()
-        together = _cpu_times(step, repeats)
-        dist.barrier()
+        alone, together = [], []
+        for k in range(WARMUP + repeats):
+            if rank == 0:
+                alone.append(_cpu_time(step))
+            dist.barrier()
+            together.append(_cpu_time(step))
+            dist.barrier()
+        alone, together = alone[WARMUP:], together[WARMUP:]
         Path(out_dir, f"compute{rank}.json").write_text(json.dumps({"alone": alone, "together": together}))
     finally:
         dist.destroy_process_group()
