@@ -331,6 +331,10 @@ class LocalRuntime(_Model):
                                              description="communication threads' CPU per byte gathered (output)")
     reduce_scatter_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
                                                  description="communication threads' CPU per byte reduced (input)")
+    compute_slowdown: PositiveFloat = Field(1.0, exclude_if=lambda v: v == 1.0,
+                                            description="CPU time of the model's forward and backward on every rank "
+                                            "at once over on one rank alone: the ranks' kernels slow each other on "
+                                            "the shared caches and memory (the blocks were timed alone); 1: none")
 
 
 class Profile(_Model):

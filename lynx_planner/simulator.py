@@ -228,10 +228,19 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
         f = block.split_backward
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
     off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
-    return LayerRun(index, fwd, bwd, kept, rec, c.recompute_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
+    rec_s = c.recompute_s
+    if (slower := streams.compute_slowdown(profile)) != 1.0:  # the other ranks' compute beside it (a local CPU job)
+        fwd, bwd, bwd_input = _busy_scaled(fwd, slower), _busy_scaled(bwd, slower), _busy_scaled(bwd_input, slower)
+        wgrad_s, rec_s = wgrad_s * slower, rec_s * slower
+    return LayerRun(index, fwd, bwd, kept, rec, rec_s, pol.at, trigger, bwd_input, wgrad_s, wgrad_bytes,
                     fwd_streams=fwd_streams, bwd_streams=bwd_streams, spans=streams.op_spans(profile, block),
                     off_bytes=off, off_copies=len(pol.offload) if off else 0, reload=pol.reload,
                     bwd_transient=loss_grad_bytes(block))
+
+
+def _busy_scaled(segs: tuple[float, ...], factor: float) -> tuple[float, ...]:
+    """busy, idle, busy, ... seconds with the busy (compute) segments times factor, the waits as they were."""
+    return tuple(t * factor if i % 2 == 0 else t for i, t in enumerate(segs))
 
 
 def expand_policies(policies: list[LayerPolicy]) -> dict[int, LayerPolicy]:

@@ -14,8 +14,10 @@ One rank runs these streams side by side (docs/timeline.md draws them):
 
 A profile measured on a CPU for a job lynx validate runs there (schema.LocalRuntime, profiler/runtime.py) adds what
 that job's runtime costs besides the layers: a measured gloo send for the pp link (pp_link), per-item CPU of the
-schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), and the communication threads' CPU
-where it comes out of compute (collective_cpu_s). Every other profile has none and its timeline is unchanged.
+schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), the communication threads' CPU
+where it comes out of compute (collective_cpu_s), and the slowdown of every layer's compute by the other ranks
+computing beside it on the shared caches and memory (compute_slowdown). Every other profile has none and its timeline
+is unchanged.
 
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
@@ -97,6 +99,14 @@ def item_overhead_s(profile: Profile, rank: int) -> float:
     if rt is None or rank >= len(rt.item_s):
         return 0.0
     return rt.item_s[rank] + rt.comm_cpu_share * (rt.item_comm_s[rank] if rank < len(rt.item_comm_s) else 0.0)
+
+
+def compute_slowdown(profile: Profile) -> float:
+    """The factor every layer's compute (forward, backward, recomputation) takes on the compute stream because the
+    job's other ranks compute beside it on the same CPU's caches and memory (the profile timed each block on one
+    process alone): a measured CPU profile's LocalRuntime.compute_slowdown; 1 elsewhere."""
+    rt = profile.runtime
+    return rt.compute_slowdown if rt is not None else 1.0
 
 
 def grad_scale_s(profile: Profile, params: int) -> float:

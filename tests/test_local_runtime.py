@@ -138,6 +138,65 @@ def test_fsdp_collectives_cpu_comes_out_of_compute():
     assert streams.layer_waits(spare, layers, fwd, bwd) == base
 
 
+def test_compute_slowdown_stretches_every_layers_compute_not_its_waits():
+    """Two stages of one layer, one micro-batch: F0 + F1 + B1 + B0. A layer's forward is 1.5 s of compute, its
+    backward 2.5 s of compute and a 0.7 s wait on its collective. With the other ranks' compute beside it (slowdown
+    s), every compute second takes s: the iteration is s (2 x 1.5 + 2 x 2.5) + 2 x 0.7; the waits stay."""
+    prof = synthetic(2, 1, layers=1, window=0.7)
+    assert simulate(prof).predicted.iteration_time_s == pytest.approx(8.0 + 1.4)
+    s = 1.25
+    slowed = with_runtime(prof, compute_slowdown=s)
+    assert streams.compute_slowdown(slowed) == s and streams.compute_slowdown(prof) == 1.0
+    assert simulate(slowed).predicted.iteration_time_s == pytest.approx(s * 8.0 + 1.4)
+
+
+def test_compute_slowdown_stretches_recomputation():
+    """Recomputing the 1 s matmul of every layer on demand (2 stages x 4 micro-batches x 4 layers) exposes 32 s; on
+    ranks that slow each other by s, 32 s times s. Hidden beside a 4 s window (below each stage's top layer, 3 of
+    4), 24 s times s, still hidden."""
+    from test_simulator import recompute_mm
+
+    prof = synthetic(2, 4, window=4.0)
+    s = 1.5
+    slowed = with_runtime(prof, compute_slowdown=s)
+    on_demand = run(slowed, recompute_mm(slowed, "on_demand")).predicted
+    assert sum(st.exposed_recompute_s for st in on_demand.stages) == pytest.approx(32 * s)
+    hidden = run(slowed, recompute_mm(slowed, "layer_above", skip_top=True)).predicted
+    assert sum(st.hidden_recompute_s for st in hidden.stages) == pytest.approx(24 * s)
+    assert sum(st.exposed_recompute_s for st in hidden.stages) == 0
+
+
+def test_compute_slowdown_in_validates_fsdp_forward():
+    """validate's predicted forward of an FSDP rank: m micro-batches of every layer's compute ops (tp = 1: all the
+    block's ops but views) and FSDP2's copies; the slowdown multiplies the first alone, so the forward grows by
+    (s - 1) m times the layers' summed compute-op forward seconds."""
+    from lynx_planner import validate
+
+    prof = build_profile("llama3-8b", ParallelConfig(dp=8, fsdp=True, micro_batch_size=1, seq_len=512,
+                                                     num_microbatches=2), H100)
+    plan = solvers.plan(prof, "p.json", "0" * 64, "none", 1 << 60)
+    s = 1.2
+    slowed = prof.model_copy(update={"runtime": LocalRuntime(cores=2, ranks=8, comm_cpu_share=1.0,
+                                                             compute_slowdown=s)})
+    compute = sum(op.fwd_s for layer in prof.layers for op in prof.blocks[layer.block].ops
+                  if op.kind == "compute" and not op.view)
+    base, got = validate.predicted_stage(prof, plan, 0), validate.predicted_stage(slowed, plan, 0)
+    assert got.forward_s - base.forward_s == pytest.approx((s - 1) * 2 * compute)
+
+
+def test_slowdown_is_the_ratio_of_medians():
+    assert local_runtime.slowdown([1.0, 2.0, 3.0], [2.0, 2.5, 4.5]) == 1.25
+    assert local_runtime.slowdown([0.3, 0.3], [0.3, 0.3]) == 1.0
+
+
+def test_an_old_runtime_reads_as_no_slowdown():
+    """A LocalRuntime written before compute_slowdown loads as 1 (no slowdown) and writes without it."""
+    old = '{"cores": 2, "ranks": 2, "comm_cpu_share": 1.0, "item_s": [0.001, 0.002]}'
+    rt = LocalRuntime.model_validate_json(old)
+    assert rt.compute_slowdown == 1.0 and "compute_slowdown" not in json.loads(dumps(rt))
+    assert json.loads(dumps(rt.model_copy(update={"compute_slowdown": 1.1})))["compute_slowdown"] == 1.1
+
+
 # validate's predicted rows ----------------------------------------------------------------------------------------
 
 def test_validate_predicts_the_cpu_besides_the_chunks():
@@ -164,12 +223,23 @@ def test_measured_pipeline_profile_carries_the_local_runtime():
     assert rt is not None and rt.ranks == 2 and rt.backend == "gloo"
     assert len(rt.item_s) == len(rt.item_comm_s) == 2 and all(x > 0 for x in rt.item_s)
     assert rt.p2p_bytes_per_s > 0 and rt.p2p_latency_s > 0 and rt.grad_scale_s_per_param > 0
+    assert rt.compute_slowdown > 0
     assert simulator.p2p_bus(prof) == (rt.p2p_bytes_per_s, rt.p2p_latency_s)
     one = profile_model_file(EXAMPLE, parallel=ParallelConfig(seq_len=64, micro_batch_size=2), hardware=H100,
                              method="measure", threads=1, repeats=1, progress=False)
     assert one.runtime is None  # one rank: nothing to measure
     analytic = profile_model_file(EXAMPLE, parallel=par, hardware=H100, progress=False)
     assert analytic.runtime is None and "runtime" not in json.loads(dumps(analytic))
+
+
+def test_measured_fsdp_profile_carries_the_collectives_and_the_slowdown():
+    par = ParallelConfig(dp=2, fsdp=True, seq_len=64, micro_batch_size=2, num_microbatches=2)
+    prof = profile_model_file(EXAMPLE, parallel=par, hardware=H100, method="measure", threads=1, repeats=2,
+                              progress=False)
+    rt = prof.runtime
+    assert rt is not None and rt.ranks == 2 and not rt.item_s
+    assert rt.all_gather_cpu_s_per_byte > 0 and rt.reduce_scatter_cpu_s_per_byte > 0 and rt.compute_slowdown > 0
+    assert streams.compute_slowdown(prof) == rt.compute_slowdown
 
 
 def test_null_chunk_sends_the_real_shapes_and_passes_gradients():

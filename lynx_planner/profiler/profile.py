@@ -266,7 +266,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
     if method == "measure" and local_runtime.applies(parallel, device) and autocast is None:
         try:
             local = _local_runtime(slots, parallel, model, inputs, model_dtype(model) or "fp32", used_threads,
-                                   repeats, context)
+                                   repeats, context, path, overrides)
         except Exception as e:  # the profile stands without it (a model torch's pipeline cannot run, say)
             last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
             warn(f"{path}: could not measure the {parallel.pp if parallel.pp > 1 else parallel.dp}-rank job's "
@@ -278,7 +278,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
 
 
 def _local_runtime(slots: list[LayerSlot], parallel: ParallelConfig, model, inputs: tuple, dtype: str, threads: int,
-                   repeats: int, context):
+                   repeats: int, context, path: str, overrides: dict):
     """What the job costs on this CPU besides its layers (profiler/runtime.py), with the shapes its chunks send: the
     input of the middle layer (a boundary between chunks) and the last layer's output (the loss's input)."""
     middle = split_arguments(slots[len(slots) // 2].args, slots[len(slots) // 2].kwargs or {})[0]
@@ -288,7 +288,8 @@ def _local_runtime(slots: list[LayerSlot], parallel: ParallelConfig, model, inpu
     out = tensors_in(out if isinstance(out, tuple) else (out,))
     return local_runtime.measure(parallel, model=model, inputs=inputs, boundary=tuple(middle.shape),
                                  output=tuple(out[0].shape), dtype=dtype, threads=threads, repeats=repeats,
-                                 unit_params=max(sum(p.numel() for p in s.module.parameters()) for s in slots))
+                                 unit_params=max(sum(p.numel() for p in s.module.parameters()) for s in slots),
+                                 model_path=str(Path(path).resolve()), overrides=overrides)
 
 
 def _block_input(slot: LayerSlot) -> torch.Tensor | None:

@@ -13,7 +13,12 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
   the profiled model's own gradients.
 - FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
-  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit.
+  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as
+  FSDP2 runs it on a CPU: synchronously, the training thread waiting (docs/timeline.md).
+- both: the contention between the ranks' compute, compute_slowdown: the model file's whole forward and backward
+  timed by CPU on one rank while the others wait, then on every rank at once; the ratio of the medians. The block
+  times are one process alone; the job's ranks run beside each other on the shared caches and memory, and each
+  rank's kernels take that much more CPU time (contention, not waiting: CPU time excludes the waits for a core).
 
 Whether the communication threads' CPU delays the compute depends on the cores: where the job's threads, each rank's
 compute threads and one communication thread, outnumber the cores (2 ranks of 1 thread on 2 cores), every second
@@ -131,6 +136,60 @@ def _pipeline_worker(rank: int, world: int, port: int, par_json: str, boundary: 
         dist.destroy_process_group()
 
 
+def _model_step(model_path: str, overrides: dict, dtype: str):
+    """One forward and backward of the model file's model on its example inputs, as one rank runs it."""
+    from .loading import load_model_file
+    from .recorder import tensors_in
+
+    model, inputs = load_model_file(model_path, dtype=dtype, **overrides)
+    model.train()
+
+    def step() -> None:
+        out = [t for t in tensors_in(model(*inputs)) if t.requires_grad]
+        if out:  # (an output without a gradient: the forward alone)
+            out[0].float().pow(2).mean().backward()  # validate's loss (validate._squares)
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _cpu_time(fn) -> float:
+    """The calling thread's CPU seconds of one call of fn."""
+    c0 = time.thread_time()
+    fn()
+    return time.thread_time() - c0
+
+
+def slowdown(alone: list[float], together: list[float]) -> float:
+    """compute_slowdown: the median CPU time of the same work with every rank running it at once over the median with
+    one rank running it alone (4 significant digits)."""
+    return float(f"{statistics.median(together) / statistics.median(alone):.4g}")
+
+
+def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides: dict, dtype: str, threads: int,
+                    repeats: int, out_dir: str) -> None:
+    """Rank 0's forward and backward CPU alone (the others waiting in a barrier: no CPU), then every rank's at once,
+    alternated step by step (a drift of the machine's other load moves both alike)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=600))
+    try:
+        step = _model_step(model_path, overrides, dtype)
+        alone, together = [], []
+        for k in range(WARMUP + repeats):
+            if rank == 0:
+                alone.append(_cpu_time(step))
+            dist.barrier()
+            together.append(_cpu_time(step))
+            dist.barrier()
+        alone, together = alone[WARMUP:], together[WARMUP:]
+        Path(out_dir, f"compute{rank}.json").write_text(json.dumps({"alone": alone, "together": together}))
+    finally:
+        dist.destroy_process_group()
+
+
 def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -142,7 +201,9 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, re
         shard = torch.ones(nbytes // 4 // world)
 
         def comm_cpu(fn) -> float:
-            """The communication threads' CPU of one collective (the process's less this thread's), median."""
+            """The communication threads' CPU of one collective (the process's less this thread's), run as FSDP2 runs
+            it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is False and a CPU has
+            no streams, so no compute runs beside it); median."""
             out = []
             for k in range(WARMUP + repeats):
                 dist.barrier()
@@ -152,8 +213,8 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, re
                     out.append((time.process_time() - p0) - (time.thread_time() - c0))
             return statistics.median(out)
 
-        gather = comm_cpu(lambda: dist.all_gather_into_tensor(full, shard))
-        scatter = comm_cpu(lambda: dist.reduce_scatter_tensor(shard, full))
+        gather = comm_cpu(lambda: dist.all_gather_single(full, shard))
+        scatter = comm_cpu(lambda: dist.reduce_scatter_single(shard, full))
         if rank == 0:
             Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
                                                               "reduce_scatter": scatter / nbytes}))
@@ -178,11 +239,26 @@ def grad_scale_s_per_param(model: torch.nn.Module, m: int, repeats: int) -> floa
     return statistics.median(times[WARMUP:]) / numel
 
 
+def compute_slowdown(world: int, model_path: str, overrides: dict, dtype: str, threads: int, repeats: int) -> float:
+    """The model file's forward and backward on `world` processes at once over one alone (slowdown)."""
+    import torch.multiprocessing as mp
+
+    from ..calibrate import _free_port
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_compute_worker, args=(world, _free_port(), model_path, overrides, dtype, threads, repeats, out_dir),
+                 nprocs=world, join=True)
+        ranks = [json.loads(Path(out_dir, f"compute{r}.json").read_text()) for r in range(world)]
+    return slowdown(ranks[0]["alone"], ranks[0]["together"])
+
+
 def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, boundary: tuple[int, ...],
-            output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int) -> LocalRuntime:
+            output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int, model_path: str,
+            overrides: dict) -> LocalRuntime:
     """The LocalRuntime of the job `par` describes (applies() must hold): `inputs` the first stage's example
     inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs,
-    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size)."""
+    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size); `model_path` and
+    `overrides` load the model file in each rank's process (load_model_file) for the compute measured there."""
     import logging
 
     import torch.multiprocessing as mp
@@ -193,6 +269,7 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
     world = par.pp if par.pp > 1 else par.dp
     share = comm_cpu_share(world, threads, cores)
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    slower = compute_slowdown(world, model_path, overrides, dtype, threads, repeats)
     with tempfile.TemporaryDirectory() as out_dir:
         if par.pp > 1:
             tensors = tuple(x for x in inputs if isinstance(x, torch.Tensor))
@@ -205,7 +282,8 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
                 p2p_latency_s=float(f"{lat:.4g}"),
                 item_s=[float(f"{r['outside'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
                 item_comm_s=[float(f"{r['comm'] / items(par, i):.4g}") for i, r in enumerate(ranks)],
-                grad_scale_s_per_param=float(f"{grad_scale_s_per_param(model, par.num_microbatches, repeats):.4g}"))
+                grad_scale_s_per_param=float(f"{grad_scale_s_per_param(model, par.num_microbatches, repeats):.4g}"),
+                compute_slowdown=slower)
         # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
         nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
         mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
@@ -213,4 +291,5 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
-                        reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"))
+                        reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"),
+                        compute_slowdown=slower)
