@@ -743,24 +743,8 @@ class _Stage:
                     t += dt
                     busy += dt
                     if idle > 0:
-                        if queue:  # _serve(queue, mem, t, t + idle, gamma, hidden) written out: the hot loop
-                            until = t + idle
-                            cur = t
-                            cap = (until - cur) / gamma
-                            while cap > EPS and queue:
-                                task = queue[0]
-                                if not task[2]:
-                                    task[2] = True
-                                    note_t(cur)
-                                    note_d(task[1])
-                                work = task[0] if task[0] < cap else cap
-                                task[0] -= work
-                                cap -= work
-                                hidden += work
-                                cur += work * gamma
-                                if task[0] <= EPS:
-                                    queue.pop(0)
-                            t = until if until > t else t
+                        if queue:
+                            t, hidden = _serve(queue, mem, t, t + idle, gamma, hidden)
                         else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
                             t += idle
             note_t(t)
