@@ -199,7 +199,6 @@ def pipeline_step(schedule, rank: int, world: int, batch: tuple, target) -> None
         schedule.step()
 
 
-
 def _worker(rank: int, world: int, port: int, plan_paths: list[str], model_path: str, repeats: int, warmup: int,
             threads: int, dtype: str, out_dir: str) -> None:
     import torch
