@@ -161,3 +161,22 @@ def test_profile_json_names_hf_ops(hf_profile):
     recorded = {op.id for op in hf_profile.blocks["LlamaDecoderLayer"].ops}
     missing = [hf for role, (hf, _) in _LLAMA_ROLES.items() if hf not in recorded and role != "attention_math"]
     assert not missing, json.dumps(missing)
+
+
+def test_a_layer_the_convention_does_not_name_maps_under_the_prefix():
+    """GPT-2's embedding dropout (`transformer.drop`, its own layer in a measured profile) has no role in the hf-gpt2
+    convention; on the same layout under a prefix (validate's stage chain: `model.`) it is the same path there, and a
+    plan recomputing it applies instead of being refused."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from lynx_planner.runtime.names import layer_paths
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    wrapped = nn.Module()
+    wrapped.model = gpt2
+    names = ["transformer.wte", "transformer.wpe", "transformer.drop", "transformer.h.0", "transformer.h.1",
+             "transformer.ln_f", "lm_head"]
+    plan = SimpleNamespace(stages=[SimpleNamespace(layer_names=names)])
+    modes = ["none", "none", "full", "selective", "none", "none", "none"]
+    assert layer_paths(wrapped, plan, names, modes) == ["model." + n for n in names]

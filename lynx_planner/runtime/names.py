@@ -84,6 +84,8 @@ def layer_paths(module: nn.Module, plan: Plan, names: list[str], modes: list[str
             path = prefix + target.embedding
         elif kind == "final" and len(source.final) == len(target.final):
             path = prefix + target.final[k]
+        elif target == source and prefix + name in found:  # a layer the convention does not name (GPT-2's
+            path = prefix + name  # embedding dropout): the same layout, so the same path under the prefix
         else:
             path = None
         if path is not None and path not in found:
