@@ -8,6 +8,9 @@ SwiGLU), fp32, one thread, a training step of forward, the logits' sum and backw
 the same weights, every decoder layer and the final norm compiled on its own (torchtitan compiles the layers) except
 lynx eager's:
 
+  lynx-twin      the same plan as lynx-compiled, built and compiled again: two builds of one program time a few
+                 percent apart (memory layout), and more rounds do not average that away; the widest gap over the
+                 budgets is the table's resolution, and a peer faster than lynx-compiled by no more is a tie
   lynx-eager     HEU's plan of the eager profile (`lynx profile --method measure`), applied eagerly
   lynx-compiled  HEU's plan of the compiled profile (`lynx profile --method measure --compile`), applied compiled
   budget         torch.compile's own partitioner at `torch._functorch.config.activation_memory_budget` = r
@@ -56,6 +59,7 @@ from lynx_planner.schema import ParallelConfig  # noqa: E402
 
 MODEL = str(HERE / "peers_llama.py")
 REFERENCE = "lynx-compiled"
+TWIN = "lynx-twin"
 
 
 class Compiled(nn.Module):
@@ -252,8 +256,11 @@ def _run(args: argparse.Namespace) -> tuple[list, str]:
         ref_model = build(base, args.backend, plan=plans[True])
         ref = Peer(REFERENCE, "HEU, compiled profile", ref_model, kept_bytes(ref_model, inputs[0], eager=False))
         eager_model = build(base, args.backend, plan=plans[False], compiled=False)
-        peers = [ref, Peer("lynx-eager", "HEU, eager profile", eager_model,
-                           kept_bytes(eager_model, inputs[0], eager=True), eager=True)]
+        twin_model = build(base, args.backend, plan=plans[True])
+        peers = [ref, Peer(TWIN, "the same plan, built again", twin_model,
+                           kept_bytes(twin_model, inputs[0], eager=False)),
+                 Peer("lynx-eager", "HEU, eager profile", eager_model,
+                      kept_bytes(eager_model, inputs[0], eager=True), eager=True)]
         budgets = [round(1 - i / 100, 2) for i in range(101)]  # kept bytes jump between budgets: fine steps
         (r, model, kept), below = bracket(budgets, lambda b: build(base, args.backend, budget=b), ref.kept)
         peers.append(Peer("budget", f"activation_memory_budget={r}", model, kept))
@@ -284,16 +291,20 @@ def table(rows, args, load_before, load_after, ilp: str) -> str:
              f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)",
              f"{'budget':>6}  {'peer':<15} {'knob':<34} {'kept MiB':>9} {'step ms':>8} {'÷ lynx-compiled':>16} "
              f"{'spread':>13}"]
+    # The benchmark's resolution: how far apart two builds of one program time (lynx-twin), the widest over budgets.
+    # A copy's memory layout moves its step time by a few percent that more rounds do not average away.
+    resolution = max(abs(quartiles(ratios(next(p for p in peers if p.name == TWIN), ref_of(peers)))[1] - 1)
+                     for _, _, peers in rows)
     verdicts = []
     for fraction, _, peers in rows:
-        ref = next(p for p in peers if p.name == REFERENCE)
+        ref = ref_of(peers)
         for p in peers:
             q1, med, q3 = quartiles(ratios(p, ref))
             lines.append(f"{fraction:>6.2f}  {p.name:<15} {p.knob:<34} {p.kept / 2**20:>9.2f} "
                          f"{statistics.median(p.times) * 1e3:>8.1f} {med:>16.3f} {f'{q1:.3f}-{q3:.3f}':>13}")
         budget = next(p for p in peers if p.name == "budget")
         med = quartiles(ratios(budget, ref))[1]
-        verdicts.append(f"{fraction:.2f}: {'met' if med >= 1.0 and ref.kept <= budget.kept else 'not met'} "
+        verdicts.append(f"{fraction:.2f}: {verdict(med, ref.kept <= budget.kept, resolution)} "
                         f"(budget ÷ lynx-compiled {med:.3f}, kept {budget.kept / 2**20:.2f} vs "
                         f"{ref.kept / 2**20:.2f} MiB)")
         below = next((p for p in peers if p.name == "budget-below"), None)
@@ -303,9 +314,22 @@ def table(rows, args, load_before, load_after, ilp: str) -> str:
     lines.append(f"sac-ilp: {ilp}")
     lines.append("budget: fraction of the way from full to no recomputation's peak; ratio > 1: slower than "
                  "lynx-compiled")
+    lines.append(f"resolution: two builds of one program (lynx-twin) time up to {resolution:.3f} apart")
     lines.append("lynx-compiled at least as fast as the budget partitioner at equal or lower kept bytes: "
                  + "; ".join(verdicts))
     return "\n".join(lines)
+
+
+def ref_of(peers: list[Peer]) -> Peer:
+    return next(p for p in peers if p.name == REFERENCE)
+
+
+def verdict(ratio: float, no_more_memory: bool, resolution: float) -> str:
+    """'met' (the partitioner's step is no faster), 'tie' (faster by no more than two builds of one program differ),
+    'not met' (faster beyond that, or lynx keeps more)."""
+    if not no_more_memory:
+        return "not met"
+    return "met" if ratio >= 1.0 else "tie within the resolution" if ratio >= 1.0 - resolution else "not met"
 
 
 if __name__ == "__main__":

@@ -36,15 +36,26 @@ def test_peers_smoke_run():
     ((fraction, limit, found),) = rows
     assert fraction == 0.5 and limit > 0
     names = [p.name for p in found]
-    assert [n for n in names if n != "budget-below"] == ["lynx-compiled", "lynx-eager", "budget", "sac-torchtitan",
-                                                         "block"]
-    ref = found[0]
+    assert [n for n in names if n != "budget-below"] == ["lynx-compiled", "lynx-twin", "lynx-eager", "budget",
+                                                         "sac-torchtitan", "block"]
+    ref, twin = found[0], found[1]
+    assert twin.kept == ref.kept  # the same plan built again keeps the same bytes
     assert all(len(p.times) == 2 and min(p.times) > 0 for p in found)
     most = {"budget": "activation_memory_budget=1.0", "sac-torchtitan": "2 none", "block": "2 none"}
-    for p in found[2:]:  # matched: at least lynx's kept bytes, unless even the knob keeping the most holds less
+    for p in found[3:]:  # matched: at least lynx's kept bytes, unless even the knob keeping the most holds less
         if p.name == "budget-below":  # the bracket's other side: the next budget down, below lynx's kept bytes
             assert names.index("budget-below") == names.index("budget") + 1 and p.kept < ref.kept
             continue
         assert p.kept >= ref.kept or p.knob == most[p.name], (p.name, p.knob, p.kept, ref.kept)
     text = peers.table(rows, args, (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), ilp)
     assert "lynx-compiled" in text and "sac-ilp:" in text and "budget ÷ lynx-compiled" in text
+    assert "resolution: two builds of one program" in text
+
+
+def test_peers_verdict_tells_a_tie_from_a_loss():
+    """A partitioner step faster than lynx's by less than two builds of one program differ is a tie, not a loss;
+    faster by more, or lynx keeping more memory, is not met."""
+    assert peers.verdict(1.01, True, 0.02) == "met"
+    assert peers.verdict(0.99, True, 0.02) == "tie within the resolution"
+    assert peers.verdict(0.97, True, 0.02) == "not met"
+    assert peers.verdict(1.05, False, 0.02) == "not met"
