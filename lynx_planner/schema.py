@@ -331,6 +331,20 @@ class LocalRuntime(_Model):
                                              description="communication threads' CPU per byte gathered (output)")
     reduce_scatter_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
                                                  description="communication threads' CPU per byte reduced (input)")
+    # FSDP2's own work on the training thread, per unit and micro-batch (hooks, the all-gather's copy-in and copy-out,
+    # allocations, the reduce-scatter's copy-in, the calling thread's part of the synchronous collectives, the
+    # sharded gradient's accumulation): a fixed part per unit and a part per parameter of the unit, measured on
+    # stand-in units with and without FSDP2 (profiler/runtime.fsdp_thread_cpu); forward: one gather; backward,
+    # resharded after forward: the gather again and the reduction
+    fsdp_forward_s: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                  description="FSDP2's training-thread CPU per unit forward, fixed part")
+    fsdp_forward_s_per_param: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                            description="FSDP2's training-thread CPU per unit forward, per parameter")
+    fsdp_backward_s: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                   description="FSDP2's training-thread CPU per unit backward (resharded after "
+                                   "forward: its gather again and its reduction), fixed part")
+    fsdp_backward_s_per_param: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
+                                             description="FSDP2's training-thread CPU per unit backward, per parameter")
     compute_slowdown: PositiveFloat = Field(1.0, exclude_if=lambda v: v == 1.0,
                                             description="CPU time of the model's forward and backward on every rank "
                                             "at once over on one rank alone: the ranks' kernels slow each other on "

@@ -190,7 +190,82 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
         dist.destroy_process_group()
 
 
-def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
+class _Unit(torch.nn.Module):
+    """A stand-in for one FSDP unit: one flat weight of the unit's parameters and almost no compute (one pass over
+    the weight forward, its gradient backward), so that the same units run with and without FSDP2 differ by FSDP2's
+    own work on the training thread."""
+
+    def __init__(self, params: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((params,), 1e-3, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.weight.sum()
+
+
+FSDP_UNITS = 4  # stand-in units in a chain (and the root), per size measured
+
+
+def fsdp_thread_cpu(world: int, params: int, dtype: torch.dtype, m: int, repeats: int
+                    ) -> tuple[float, float]:
+    """(forward, backward) CPU seconds of the training thread per unit and micro-batch that FSDP2 adds to a chain of
+    stand-in units of `params` parameters (each fully_shard-ed, resharded after forward, and the root, as
+    validate_fsdp.py runs a job: m micro-batches per iteration, FSDP2 reducing on each) over the same units without
+    FSDP: its hooks, the all-gather's copy-in and copy-out, the allocations, the reduce-scatter's copy-in (chunk_cat),
+    the calling thread's part of each synchronous collective and the sharded gradient's accumulation. Medians over
+    the iterations; the ranks run alike and at once (call in every rank of the process group)."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    plain = torch.nn.Sequential(*(_Unit(params, dtype) for _ in range(FSDP_UNITS)))
+    sharded = copy.deepcopy(plain)
+    mesh = init_device_mesh("cpu", (world,))
+    for unit in sharded:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh)
+    x = torch.zeros(8, dtype=dtype, requires_grad=True)
+
+    def iteration(model, fresh_grads: bool) -> tuple[float, float]:
+        model.zero_grad(set_to_none=fresh_grads)
+        dist.barrier()
+        fwd = bwd = 0.0
+        for _ in range(m):
+            c0 = time.thread_time()
+            out = model(x).float().pow(2).mean()
+            c1 = time.thread_time()
+            out.backward()
+            fwd, bwd = fwd + c1 - c0, bwd + time.thread_time() - c1
+            if fresh_grads:  # the profile's blocks: each backward makes its gradients afresh
+                model.zero_grad(set_to_none=True)
+        return fwd, bwd
+
+    extra: list[tuple[float, float]] = []
+    for k in range(WARMUP + repeats):
+        pf, pb = iteration(plain, True)
+        sf, sb = iteration(sharded, False)
+        if k >= WARMUP:
+            extra.append(((sf - pf) / (m * FSDP_UNITS), (sb - pb) / (m * FSDP_UNITS)))
+    return statistics.median(f for f, _ in extra), statistics.median(b for _, b in extra)
+
+
+def fsdp_line(small: tuple[int, tuple[float, float]], large: tuple[int, tuple[float, float]]
+              ) -> tuple[float, float, float, float]:
+    """(forward seconds per unit, forward seconds per parameter, backward per unit, backward per parameter): the line
+    through FSDP2's training-thread CPU per unit measured at two unit sizes (fsdp_thread_cpu), clamped at zero (a
+    negative intercept or slope is noise)."""
+    (n0, (f0, b0)), (n1, (f1, b1)) = small, large
+    out = []
+    for y0, y1 in ((f0, f1), (b0, b1)):
+        slope = max(0.0, (y1 - y0) / (n1 - n0))
+        out += [max(0.0, y0 - slope * n0), slope]
+    return out[0], out[1], out[2], out[3]
+
+
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, dtype: str, m: int, threads: int, repeats: int,
+                 out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -215,9 +290,16 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, re
 
         gather = comm_cpu(lambda: dist.all_gather_single(full, shard))
         scatter = comm_cpu(lambda: dist.reduce_scatter_single(shard, full))
+        # FSDP2's training-thread work per unit, at the largest unit's size and at a sixteenth of it (its fixed part:
+        # hooks and bookkeeping; its part per parameter: copies and allocations)
+        torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
+        large = nbytes // 4
+        small = max(world, large // 16 // world * world)
+        sizes = [(n, fsdp_thread_cpu(world, n, torch_dtype, m, repeats)) for n in (small, large)]
         if rank == 0:
             Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
-                                                              "reduce_scatter": scatter / nbytes}))
+                                                              "reduce_scatter": scatter / nbytes,
+                                                              "thread": fsdp_line(*sizes)}))
     finally:
         dist.destroy_process_group()
 
@@ -286,10 +368,13 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
                 compute_slowdown=slower)
         # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
         nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
-        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
-                 join=True)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, dtype, par.num_microbatches, threads, repeats,
+                                     out_dir), nprocs=world, join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
+    fwd_unit, fwd_param, bwd_unit, bwd_param = (float(f"{x:.4g}") for x in rates["thread"])
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
                         reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"),
+                        fsdp_forward_s=fwd_unit, fsdp_forward_s_per_param=fwd_param,
+                        fsdp_backward_s=bwd_unit, fsdp_backward_s_per_param=bwd_param,
                         compute_slowdown=slower)
