@@ -191,36 +191,38 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
 
 
 class _Unit(torch.nn.Module):
-    """A stand-in for one FSDP unit: one flat weight of the unit's parameters and almost no compute (one pass over
-    the weight forward, its gradient backward), so that the same units run with and without FSDP2 differ by FSDP2's
-    own work on the training thread."""
+    """A stand-in for one FSDP unit: flat weights of the unit's tensors' sizes and almost no compute (one pass over
+    each weight forward, its gradient backward), so that the same units run with and without FSDP2 differ by FSDP2's
+    own work on the training thread (which has a part per tensor as well as per byte)."""
 
-    def __init__(self, params: int, dtype: torch.dtype) -> None:
+    def __init__(self, sizes: list[int], dtype: torch.dtype) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.full((params,), 1e-3, dtype=dtype))
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.full((n,), 1e-3, dtype=dtype)) for n in sizes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.weight.sum()
+        for w in self.weights:
+            x = x + w.sum()
+        return x
 
 
 FSDP_UNITS = 4  # stand-in units in a chain (and the root), per size measured
 
 
-def fsdp_thread_cpu(world: int, params: int, dtype: torch.dtype, m: int, repeats: int
+def fsdp_thread_cpu(world: int, sizes: list[int], dtype: torch.dtype, m: int, repeats: int
                     ) -> tuple[float, float]:
     """(forward, backward) CPU seconds of the training thread per unit and micro-batch that FSDP2 adds to a chain of
-    stand-in units of `params` parameters (each fully_shard-ed, resharded after forward, and the root, as
-    validate_fsdp.py runs a job: m micro-batches per iteration, FSDP2 reducing on each) over the same units without
-    FSDP: its hooks, the all-gather's copy-in and copy-out, the allocations, the reduce-scatter's copy-in (chunk_cat),
-    the calling thread's part of each synchronous collective and the sharded gradient's accumulation. Medians over
-    the iterations; the ranks run alike and at once (call in every rank of the process group)."""
+    stand-in units whose tensors have `sizes` parameters (each unit fully_shard-ed, resharded after forward, and the
+    root, as validate_fsdp.py runs a job: m micro-batches per iteration, FSDP2 reducing on each) over the same units
+    without FSDP: its hooks, the all-gather's copy-in and copy-out, the allocations, the reduce-scatter's copy-in
+    (chunk_cat), the calling thread's part of each synchronous collective and the sharded gradient's accumulation.
+    Medians over the iterations; the ranks run alike and at once (call in every rank of the process group)."""
     import copy
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    plain = torch.nn.Sequential(*(_Unit(params, dtype) for _ in range(FSDP_UNITS)))
+    plain = torch.nn.Sequential(*(_Unit(sizes, dtype) for _ in range(FSDP_UNITS)))
     sharded = copy.deepcopy(plain)
     mesh = init_device_mesh("cpu", (world,))
     for unit in sharded:
@@ -251,21 +253,15 @@ def fsdp_thread_cpu(world: int, params: int, dtype: torch.dtype, m: int, repeats
     return statistics.median(f for f, _ in extra), statistics.median(b for _, b in extra)
 
 
-def fsdp_line(small: tuple[int, tuple[float, float]], large: tuple[int, tuple[float, float]]
-              ) -> tuple[float, float, float, float]:
-    """(forward seconds per unit, forward seconds per parameter, backward per unit, backward per parameter): the line
-    through FSDP2's training-thread CPU per unit measured at two unit sizes (fsdp_thread_cpu), clamped at zero (a
-    negative intercept or slope is noise)."""
-    (n0, (f0, b0)), (n1, (f1, b1)) = small, large
-    out = []
-    for y0, y1 in ((f0, f1), (b0, b1)):
-        slope = max(0.0, (y1 - y0) / (n1 - n0))
-        out += [max(0.0, y0 - slope * n0), slope]
-    return out[0], out[1], out[2], out[3]
+def line(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float]:
+    """(intercept, slope) of the line through two measured points (x0 < x1), each clamped at zero (a negative one is
+    noise: no part of a collective or a unit's work takes negative time)."""
+    slope = max(0.0, (y1 - y0) / (x1 - x0))
+    return max(0.0, y0 - slope * x0), slope
 
 
-def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, dtype: str, m: int, threads: int, repeats: int,
-                 out_dir: str) -> None:
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, sizes: list[int], dtype: str, m: int, threads: int,
+                 repeats: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -275,31 +271,41 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, dtype: str, m: i
         full = torch.ones(nbytes // 4)
         shard = torch.ones(nbytes // 4 // world)
 
-        def comm_cpu(fn) -> float:
-            """The communication threads' CPU of one collective (the process's less this thread's), run as FSDP2 runs
-            it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is False and a CPU has
-            no streams, so no compute runs beside it); median."""
-            out = []
+        def timed(fn) -> tuple[float, float]:
+            """The communication threads' CPU of one collective (the process's less this thread's) and its wall time,
+            run as FSDP2 runs it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is
+            False and a CPU has no streams, so no compute runs beside it), both ranks starting together; medians."""
+            cpu, wall = [], []
             for k in range(WARMUP + repeats):
                 dist.barrier()
-                c0, p0 = time.thread_time(), time.process_time()
+                c0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
                 fn()
                 if k >= WARMUP:
-                    out.append((time.process_time() - p0) - (time.thread_time() - c0))
-            return statistics.median(out)
+                    wall.append(time.perf_counter() - w0)
+                    cpu.append((time.process_time() - p0) - (time.thread_time() - c0))
+            return statistics.median(cpu), statistics.median(wall)
 
-        gather = comm_cpu(lambda: dist.all_gather_single(full, shard))
-        scatter = comm_cpu(lambda: dist.reduce_scatter_single(shard, full))
-        # FSDP2's training-thread work per unit, at the largest unit's size and at a sixteenth of it (its fixed part:
-        # hooks and bookkeeping; its part per parameter: copies and allocations)
+        small_bytes = max(4 * world, nbytes // 16 // (4 * world) * 4 * world)
+        gather, ag_wall = timed(lambda: dist.all_gather_single(full, shard))
+        scatter, rs_wall = timed(lambda: dist.reduce_scatter_single(shard, full))
+        full_s, shard_s = full[:small_bytes // 4], shard[:small_bytes // 4 // world]
+        _, ag_wall_small = timed(lambda: dist.all_gather_single(full_s, shard_s))
+        _, rs_wall_small = timed(lambda: dist.reduce_scatter_single(shard_s, full_s))
+        # FSDP2's training-thread work per unit, on units of the largest layer's tensors and of a sixteenth of each
+        # (its fixed part: hooks and bookkeeping, per unit and per tensor; its part per parameter: copies and
+        # allocations)
         torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
-        large = nbytes // 4
-        small = max(world, large // 16 // world * world)
-        sizes = [(n, fsdp_thread_cpu(world, n, torch_dtype, m, repeats)) for n in (small, large)]
+        cap = MAX_COLLECTIVE // 4 / max(1, sum(sizes))  # (a unit beyond the collectives' cap: scaled down to it)
+        sizes = [max(1, int(n * cap)) for n in sizes] if cap < 1 else sizes
+        smaller = [max(1, n // 16) for n in sizes]
+        small, large = sum(smaller), sum(sizes)
+        (f0, b0), (f1, b1) = (fsdp_thread_cpu(world, u, torch_dtype, m, repeats) for u in (smaller, sizes))
         if rank == 0:
-            Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
-                                                              "reduce_scatter": scatter / nbytes,
-                                                              "thread": fsdp_line(*sizes)}))
+            Path(out_dir, "fsdp.json").write_text(json.dumps({
+                "all_gather": gather / nbytes, "reduce_scatter": scatter / nbytes,
+                "all_gather_wall": line(small_bytes, ag_wall_small, nbytes, ag_wall),
+                "reduce_scatter_wall": line(small_bytes, rs_wall_small, nbytes, rs_wall),
+                "forward": line(small, f0, large, f1), "backward": line(small, b0, large, b1)}))
     finally:
         dist.destroy_process_group()
 
@@ -336,10 +342,11 @@ def compute_slowdown(world: int, model_path: str, overrides: dict, dtype: str, t
 
 def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, boundary: tuple[int, ...],
             output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int, model_path: str,
-            overrides: dict) -> LocalRuntime:
+            overrides: dict, unit_tensors: list[int] | None = None) -> LocalRuntime:
     """The LocalRuntime of the job `par` describes (applies() must hold): `inputs` the first stage's example
     inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs,
-    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size); `model_path` and
+    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size) and `unit_tensors` its
+    tensors' sizes (FSDP2's own work, on stand-ins of them; default one tensor of unit_params); `model_path` and
     `overrides` load the model file in each rank's process (load_model_file) for the compute measured there."""
     import logging
 
@@ -368,13 +375,16 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
                 compute_slowdown=slower)
         # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
         nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
-        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, dtype, par.num_microbatches, threads, repeats,
-                                     out_dir), nprocs=world, join=True)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, list(unit_tensors or [unit_params]), dtype,
+                                     par.num_microbatches, threads, repeats, out_dir), nprocs=world, join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
-    fwd_unit, fwd_param, bwd_unit, bwd_param = (float(f"{x:.4g}") for x in rates["thread"])
+    def digits(pair):
+        return [float(f"{x:.4g}") for x in pair]
+
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
                         reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"),
-                        fsdp_forward_s=fwd_unit, fsdp_forward_s_per_param=fwd_param,
-                        fsdp_backward_s=bwd_unit, fsdp_backward_s_per_param=bwd_param,
+                        all_gather_wall=digits(rates["all_gather_wall"]),
+                        reduce_scatter_wall=digits(rates["reduce_scatter_wall"]),
+                        fsdp_forward=digits(rates["forward"]), fsdp_backward=digits(rates["backward"]),
                         compute_slowdown=slower)
