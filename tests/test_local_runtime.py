@@ -240,6 +240,13 @@ def test_measured_fsdp_profile_carries_the_collectives_and_the_slowdown():
     assert rt is not None and rt.ranks == 2 and not rt.item_s
     assert rt.all_gather_cpu_s_per_byte > 0 and rt.reduce_scatter_cpu_s_per_byte > 0 and rt.compute_slowdown > 0
     assert streams.compute_slowdown(prof) == rt.compute_slowdown
+    # FSDP in line: the collectives' wall and FSDP2's own work, each a line (fixed, per unit of size); a collective
+    # takes some time, FSDP2's forward and backward some CPU (at the largest layer's size: the line at its params)
+    assert streams.fsdp_in_line(prof)
+    n = max(layer.params for layer in prof.layers)
+    for cost, size in ((rt.all_gather_wall, 4 * n), (rt.reduce_scatter_wall, 4 * n), (rt.fsdp_forward, n),
+                       (rt.fsdp_backward, n)):
+        assert len(cost) == 2 and min(cost) >= 0 and cost[0] + cost[1] * size > 0
 
 
 def test_null_chunk_sends_the_real_shapes_and_passes_gradients():
