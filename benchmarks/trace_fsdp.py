@@ -6,8 +6,9 @@ the same model without FSDP run in the same processes, both ranks at once, alter
     python benchmarks/trace_fsdp.py [--repeats 3] [--microbatches 4]
 
 Prints per micro-batch, rank 0 (the ranks are alike): the plain model's forward and backward CPU, the FSDP job's,
-and the FSDP job's split: each wrapped FSDP2 function per unit, the layers' own forward (their forward() calls) and
-the rest of the backward (the layers' backward and autograd). Indicative on a loaded machine; CPU times only.
+its communication threads' CPU (comm), the wall time the training thread waited in the synchronous all-gathers and
+reduce-scatters, then the FSDP job's split: each wrapped FSDP2 function per unit (exclusive CPU) and the layers' own
+forward calls. Indicative on a loaded machine.
 """
 
 from __future__ import annotations
@@ -132,7 +133,6 @@ def _worker(rank: int, world: int, port: int, repeats: int, m: int, out_dir: str
     for k in range(2 + repeats):
         timer.reset()
         walls.clear()
-        w_start = time.perf_counter()
         plain_f = plain_b = fsdp_f = fsdp_b = 0.0
         model.zero_grad(set_to_none=False)
         comm = 0.0
@@ -158,8 +158,8 @@ def _worker(rank: int, world: int, port: int, repeats: int, m: int, out_dir: str
             fsdp_b += c2 - c1
             comm += (time.process_time() - q0) - (c2 - c0)
         if k >= 2:
-            rows.append({"wall_ag": walls["all_gather"], "wall_rs": walls["reduce_scatter"],
-                         "wall": time.perf_counter() - w_start,"plain_f": plain_f, "plain_b": plain_b, "fsdp_f": fsdp_f, "fsdp_b": fsdp_b, "comm": comm,
+            rows.append({"plain_f": plain_f, "plain_b": plain_b, "fsdp_f": fsdp_f, "fsdp_b": fsdp_b, "comm": comm,
+                         "wall_ag": walls["all_gather"], "wall_rs": walls["reduce_scatter"],
                          "excl": {f"{n}|{u}": v for (n, u), v in timer.excl.items()},
                          "calls": {f"{n}|{u}": v for (n, u), v in timer.calls.items()}})
     Path(out_dir, f"trace{rank}.json").write_text(json.dumps(rows))
@@ -185,7 +185,7 @@ def main() -> None:
         return statistics.median(r[key] for r in rows) / m
 
     print(f"per micro-batch, rank 0, median of {len(rows)} iterations (CPU s of the training thread)")
-    for key in ("plain_f", "plain_b", "fsdp_f", "fsdp_b", "comm", "wall_ag", "wall_rs", "wall"):
+    for key in ("plain_f", "plain_b", "fsdp_f", "fsdp_b", "comm", "wall_ag", "wall_rs"):
         print(f"  {key:8s} {med(key):.4f}")
     keys = sorted({k for r in rows for k in r["excl"]})
     print(f"  {'exclusive CPU per micro-batch':62s} {'s':>8s} {'calls':>6s}")

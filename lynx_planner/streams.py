@@ -16,8 +16,9 @@ A profile measured on a CPU for a job lynx validate runs there (schema.LocalRunt
 that job's runtime costs besides the layers: a measured gloo send for the pp link (pp_link), per-item CPU of the
 schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), the communication threads' CPU
 where it comes out of compute (collective_cpu_s), and the slowdown of every layer's compute by the other ranks
-computing beside it on the shared caches and memory (compute_slowdown). Every other profile has none and its timeline
-is unchanged.
+computing beside it on the shared caches and memory (compute_slowdown). Under FSDP, where it measured them, FSDP2's
+collectives' wall time and its own training-thread work run in line on the compute stream (fsdp_in_line: a CPU has
+no streams). Every other profile has none and its timeline is unchanged.
 
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream

@@ -12,9 +12,12 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   less the training thread's), per forward or backward item of its order; a gloo ping-pong between ranks 0 and 1
   (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
   the profiled model's own gradients.
-- FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
-  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as
-  FSDP2 runs it on a CPU: synchronously, the training thread waiting (docs/timeline.md).
+- FSDP: the communication threads' CPU per byte and the wall time of a gloo all-gather (output bytes) and
+  reduce-scatter (input bytes) of the largest layer's fp32 parameters (up to 64 MiB; the wall also at a sixteenth of
+  it, for its fixed part), the collectives FSDP2 runs per unit, each run as FSDP2 runs it on a CPU: synchronously,
+  the training thread waiting (docs/timeline.md); and FSDP2's own work on the training thread per unit (copies,
+  allocations, hooks, the calling thread's share of the collectives): stand-in units of the largest layer's tensors
+  (and of a sixteenth of each) with and without fully_shard, the difference (fsdp_thread_cpu).
 - both: the contention between the ranks' compute, compute_slowdown: the model file's whole forward and backward
   timed by CPU on one rank while the others wait, then on every rank at once; the ratio of the medians. The block
   times are one process alone; the job's ranks run beside each other on the shared caches and memory, and each
