@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 SCHEMA_VERSION = 1
 # Plans that offload (LayerPolicy.offload) are written as version 2, so a lynx that knows only keep and recompute
@@ -303,6 +303,9 @@ class ModelInfo(_Model):
                                                 description="the ModelSpec the profile was built from")
 
 
+Line = tuple[NonNegativeFloat, NonNegativeFloat]  # (seconds, seconds per unit of size) of a measured cost
+
+
 class LocalRuntime(_Model):
     """What the multi-rank job's runtime costs on the CPU a profile was measured on, besides the layers' compute
     (lynx_planner/profiler/runtime.py measures it with `lynx profile --method measure` on a CPU, for the jobs `lynx
@@ -331,6 +334,22 @@ class LocalRuntime(_Model):
                                              description="communication threads' CPU per byte gathered (output)")
     reduce_scatter_cpu_s_per_byte: float = Field(0.0, ge=0, exclude_if=lambda v: v == 0.0,
                                                  description="communication threads' CPU per byte reduced (input)")
+    # FSDP on this CPU runs in line on the training thread (streams.fsdp_in_line): each measured as a line, [seconds,
+    # seconds per unit of size], at the largest unit's size and a sixteenth of it (profiler/runtime.py). Absent from
+    # profiles measured before them: their FSDP collectives keep the overlapped model (the CPU per byte above).
+    all_gather_wall: Line | None = Field(None, exclude_if=lambda v: v is None,
+                                         description="[s, s per output byte]: the wall time of a synchronous gloo "
+                                         "all-gather, both ranks starting together (the training thread waits it)")
+    reduce_scatter_wall: Line | None = Field(None, exclude_if=lambda v: v is None,
+                                             description="[s, s per input byte]: the same for a reduce-scatter")
+    fsdp_forward: Line | None = Field(None, exclude_if=lambda v: v is None,
+                                      description="[s, s per parameter]: FSDP2's own training-thread CPU per unit "
+                                      "forward (hooks, the all-gather's copy-in and copy-out, allocations, the "
+                                      "calling thread's part of the collective), over the same units without FSDP2")
+    fsdp_backward: Line | None = Field(None, exclude_if=lambda v: v is None,
+                                       description="[s, s per parameter]: the same per unit backward, resharded after "
+                                       "forward (its gather again; the reduce-scatter's copy-in, the calling thread's "
+                                       "part of it, the sharded gradient's accumulation)")
     compute_slowdown: PositiveFloat = Field(1.0, exclude_if=lambda v: v == 1.0,
                                             description="CPU time of the model's forward and backward on every rank "
                                             "at once over on one rank alone: the ranks' kernels slow each other on "

@@ -16,8 +16,9 @@ A profile measured on a CPU for a job lynx validate runs there (schema.LocalRunt
 that job's runtime costs besides the layers: a measured gloo send for the pp link (pp_link), per-item CPU of the
 schedule, sends and loss (item_overhead_s), the gradient scaling (grad_scale_s), the communication threads' CPU
 where it comes out of compute (collective_cpu_s), and the slowdown of every layer's compute by the other ranks
-computing beside it on the shared caches and memory (compute_slowdown). Every other profile has none and its timeline
-is unchanged.
+computing beside it on the shared caches and memory (compute_slowdown). Under FSDP, where it measured them, FSDP2's
+collectives' wall time and its own training-thread work run in line on the compute stream (fsdp_in_line: a CPU has
+no streams). Every other profile has none and its timeline is unchanged.
 
 The compute stream waits on the others only where a layer's compute is shorter than the communication it needs:
 those waits are the idle segments of a layer's forward and backward (LayerRun.fwd / .bwd), each named by the stream
@@ -211,6 +212,8 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
     par = profile.parallel
     if not par.fsdp:
         return [LayerWaits() for _ in layers]
+    if fsdp_in_line(profile):
+        return _in_line_waits(profile, layers)
     shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
     params = [profile.layers[i].params for i in layers]
     ag = [fsdp.all_gather_s(n, par, shard, fsdp.gather_bytes(profile)) for n in params]
@@ -236,6 +239,76 @@ def layer_waits(profile: Profile, layers: list[int], fwd_s: list[float], bwd_s: 
         fc, bc = fsdp.copies_s(profile, params[j])
         out.append(LayerWaits(before, bwd_before, max(0.0, comm - rec[j]), rec_beside=min(rec[j], comm),
                               spans=tuple(spans), fwd_copy=fc + f_steal, bwd_copy=bc + b_steal))
+    return out
+
+
+def fsdp_in_line(profile: Profile) -> bool:
+    """Whether FSDP runs in line on the training thread: an FSDP job on this CPU whose profile measured its
+    collectives' wall time and FSDP2's own training-thread work (LocalRuntime). A CPU has no streams: FSDP2 calls
+    every all-gather and reduce-scatter synchronously (unshard_async_op False; its "prefetch" runs in line) and its
+    copies, hooks and allocations on the same thread, so nothing overlaps them. Every other profile (a GPU's, a
+    catalog's, a CPU profile measured before these terms) keeps the streams above."""
+    rt = profile.runtime
+    return profile.parallel.fsdp and rt is not None and rt.all_gather_wall is not None \
+        and rt.reduce_scatter_wall is not None and rt.fsdp_forward is not None and rt.fsdp_backward is not None
+
+
+def _line(cost: tuple[float, float], size: float) -> float:
+    return cost[0] + cost[1] * size
+
+
+def in_line_s(profile: Profile, params: list[int]) -> list[tuple[float, float, float, float]]:
+    """Per layer (its `params`), in line on a CPU (fsdp_in_line): (FSDP2's training-thread CPU in its forward, the
+    same in its backward, the wall time of its all-gather, of its reduce-scatter). The collectives move the
+    parameters' own dtype (validate's job runs FSDP2 without a mixed-precision policy: gather and reduce in the
+    weights' dtype, gather_bytes). Resharded after forward, the backward's part includes the unit's second gather;
+    kept gathered, the forward's part (one gather) comes off it."""
+    rt, g = profile.runtime, fsdp.gather_bytes(profile)
+    regather = fsdp.gathers_in_backward(profile.parallel)
+    out = []
+    for n in params:
+        f, b = _line(rt.fsdp_forward, n), _line(rt.fsdp_backward, n)
+        out.append((f, b if regather else max(0.0, b - f), _line(rt.all_gather_wall, g * n),
+                    _line(rt.reduce_scatter_wall, g * n)))
+    return out
+
+
+def _in_line_waits(profile: Profile, layers: list[int]) -> list[LayerWaits]:
+    """layer_waits in line (fsdp_in_line): each layer's forward runs its all-gather and FSDP2's work before its
+    compute; its backward the top layer's gather, the next lower layer's (the explicit backward prefetch, run in
+    line), its reduce-scatter and FSDP2's work. All of it is compute-stream time (busy: the training thread is
+    blocked in it, so no recomputation hides there) — the lowest layer's reduce-scatter too, every micro-batch
+    (grad_sync_s leaves it out)."""
+    costs_ = in_line_s(profile, [profile.layers[i].params for i in layers])
+    regather = fsdp.gathers_in_backward(profile.parallel)
+    out = []
+    for j in range(len(layers)):
+        f_thread, b_thread, ag, rs = costs_[j]
+        top = ag if regather and j == len(layers) - 1 else 0.0
+        below = costs_[j - 1][2] if regather and j > 0 else 0.0
+        spans = [(DP, f"all-gather L{layers[j]}", "F", 0.0, ag)]
+        if top:
+            spans.append((DP, f"all-gather L{layers[j]}", "B", 0.0, top))
+        if below:
+            spans.append((DP, f"all-gather L{layers[j - 1]}", "B", top, below))
+        spans.append((DP, f"reduce-scatter L{layers[j]}", "B", top + below, rs))
+        out.append(LayerWaits(fwd_copy=f_thread + ag, bwd_copy=b_thread + top + below + rs, spans=tuple(spans)))
+    return out
+
+
+def not_training_thread_s(profile: Profile, params: list[int]) -> list[tuple[float, float]]:
+    """Per layer (its `params`), the compute-stream seconds of its forward and backward that are not its training
+    thread's CPU (what validate's measured forward and backward leave out): the communication threads' CPU taken
+    from compute (collective_steal_s) or, in line, the collectives' wall (the thread waits, using no CPU)."""
+    if not fsdp_in_line(profile):
+        return collective_steal_s(profile, params)
+    costs_ = in_line_s(profile, params)
+    regather = fsdp.gathers_in_backward(profile.parallel)
+    out = []
+    for j, (_, _, ag, rs) in enumerate(costs_):
+        top = ag if regather and j == len(params) - 1 else 0.0
+        below = costs_[j - 1][2] if regather and j > 0 else 0.0
+        out.append((ag, top + below + rs))
     return out
 
 
@@ -269,6 +342,8 @@ def grad_sync_s(profile: Profile, params: list[int], experts: list[int] | None =
     others ran in the backward's waits, layer_waits)."""
     par = profile.parallel
     if par.fsdp:
+        if fsdp_in_line(profile):  # every reduce-scatter ran in line in the backward (layer_waits)
+            return [0.0] * len(params)
         shard, rep = bus(profile, "fsdp_shard"), bus(profile, "fsdp_replicate")
         return [fsdp.reduce_scatter_s(n, par, shard, rep) if j == 0 else 0.0 for j, n in enumerate(params)]
     from .simulator import grad_bytes  # the gradient element size (fp32 main grads, or 16-bit)

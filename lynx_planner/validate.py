@@ -76,8 +76,9 @@ def predicted_stage(profile: Profile, plan: Plan, stage: int) -> StageTimes:
         runs = simulator.stage_runs(profile, st.layers[0], st.layers[1], st.policies)
         if par.fsdp:
             peak = max(peak, fsdp_peak(profile, runs, peak))
-            # the communication threads' CPU the simulator charges to compute: theirs, not the training thread's
-            stolen = streams.collective_steal_s(profile, [profile.layers[r.index].params for r in runs])
+            # what the simulator charges to compute that is not the training thread's CPU: the communication
+            # threads' CPU, or in line the collectives' wall
+            stolen = streams.not_training_thread_s(profile, [profile.layers[r.index].params for r in runs])
             fwd -= sum(f for f, _ in stolen)
             bwd -= sum(b for _, b in stolen)
         fwd += sum(sum(r.fwd[0::2]) for r in runs)

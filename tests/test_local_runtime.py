@@ -240,6 +240,13 @@ def test_measured_fsdp_profile_carries_the_collectives_and_the_slowdown():
     assert rt is not None and rt.ranks == 2 and not rt.item_s
     assert rt.all_gather_cpu_s_per_byte > 0 and rt.reduce_scatter_cpu_s_per_byte > 0 and rt.compute_slowdown > 0
     assert streams.compute_slowdown(prof) == rt.compute_slowdown
+    # FSDP in line: the collectives' wall and FSDP2's own work, each a line (fixed, per unit of size); a collective
+    # takes some time, FSDP2's forward and backward some CPU (at the largest layer's size: the line at its params)
+    assert streams.fsdp_in_line(prof)
+    n = max(layer.params for layer in prof.layers)
+    for cost, size in ((rt.all_gather_wall, 4 * n), (rt.reduce_scatter_wall, 4 * n), (rt.fsdp_forward, n),
+                       (rt.fsdp_backward, n)):
+        assert len(cost) == 2 and min(cost) >= 0 and cost[0] + cost[1] * size > 0
 
 
 def test_null_chunk_sends_the_real_shapes_and_passes_gradients():
@@ -274,3 +281,108 @@ def test_validate_table_prints_the_predicted_rows_beside_the_measured(monkeypatc
     summary["runtime"] = False  # a profile without one: measured only
     rows = [line for line in table([summary]).splitlines() if "CPU s" in line]
     assert rows[0].split()[-2:] == ["-", "0.0025"]
+
+
+# FSDP in line on this CPU (streams.fsdp_in_line) --------------------------------------------------------------------
+
+def in_line(prof: Profile, **lines) -> Profile:
+    """prof with a LocalRuntime measuring FSDP in line: every line (seconds, seconds per unit) given or zero."""
+    got = {k: lines.get(k, (0.0, 0.0)) for k in ("all_gather_wall", "reduce_scatter_wall", "fsdp_forward",
+                                                  "fsdp_backward")}
+    return prof.model_copy(update={"runtime": LocalRuntime(cores=2, ranks=prof.parallel.dp, comm_cpu_share=1.0,
+                                                           **got)})
+
+
+def fsdp_profile(**par) -> Profile:
+    return build_profile("llama3-8b", ParallelConfig(dp=2, fsdp=True, micro_batch_size=1, seq_len=256,
+                                                     num_microbatches=2, **par), H100)
+
+
+def test_a_line_through_two_points_by_hand():
+    assert local_runtime.line(1.0, 3.0, 3.0, 7.0) == pytest.approx((1.0, 2.0))
+    assert local_runtime.line(1.0, 3.0, 3.0, 2.0) == pytest.approx((3.0, 0.0))  # falling: noise, flat
+    assert local_runtime.line(1.0, 1.0, 3.0, 7.0) == pytest.approx((0.0, 3.0))  # below zero at 0: clamped
+
+
+def test_in_line_needs_every_term():
+    """Only a profile that measured all four lines runs FSDP in line; one measured before them (or a GPU's) keeps
+    the overlapped model, waits and all."""
+    prof = fsdp_profile()
+    assert streams.fsdp_in_line(in_line(prof))
+    partial = in_line(prof)
+    partial.runtime.fsdp_backward = None
+    assert not streams.fsdp_in_line(partial) and not streams.fsdp_in_line(prof)
+    layers = list(range(len(prof.layers)))
+    assert streams.layer_waits(partial, layers, [1e-3] * len(layers), [2e-3] * len(layers)) == \
+        streams.layer_waits(prof.model_copy(update={"runtime": LocalRuntime(cores=2, ranks=2, comm_cpu_share=1.0)}),
+                            layers, [1e-3] * len(layers), [2e-3] * len(layers))
+
+
+def test_in_line_waits_by_hand():
+    """In line, a middle layer j (p parameters, bf16: 2 bytes each gathered and reduced as validate's job runs
+    them) spends on the compute stream, forward: FSDP2's a_f + b_f p and its all-gather's wall l_ag + r_ag 2p;
+    backward: a_b + b_b p, the all-gather of layer j-1 (prefetched in line) and its own reduce-scatter
+    l_rs + r_rs 2p. No idle segment anywhere (nothing hides in a blocked thread); the top layer also gathers
+    itself before its backward; the lowest layer's reduce-scatter ran in line, none is left for the iteration's end.
+    Kept gathered after forward: no gather in backward, and FSDP2's backward work less its forward's (one gather)."""
+    prof = fsdp_profile()
+    af, bf, ab, bb = 1e-4, 2e-10, 3e-4, 5e-10
+    lag, rag, lrs, rrs = 2e-4, 1e-9, 4e-4, 3e-9
+    lined = in_line(prof, fsdp_forward=(af, bf), fsdp_backward=(ab, bb), all_gather_wall=(lag, rag),
+                    reduce_scatter_wall=(lrs, rrs))
+    layers = list(range(len(prof.layers)))
+    p = [prof.layers[i].params for i in layers]
+    waits = streams.layer_waits(lined, layers, [1e-3] * len(p), [2e-3] * len(p))
+    j, top = 5, len(p) - 1
+    assert waits[j].fwd_copy == pytest.approx(af + bf * p[j] + lag + rag * 2 * p[j])
+    assert waits[j].bwd_copy == pytest.approx(ab + bb * p[j] + lag + rag * 2 * p[j - 1] + lrs + rrs * 2 * p[j])
+    assert waits[top].bwd_copy == pytest.approx(ab + bb * p[top] + (lag + rag * 2 * p[top])
+                                                + lag + rag * 2 * p[top - 1] + lrs + rrs * 2 * p[top])
+    assert waits[0].bwd_copy == pytest.approx(ab + bb * p[0] + lrs + rrs * 2 * p[0])
+    assert all(w.fwd_before == w.bwd_before == w.bwd_after == w.rec_beside == 0.0 for w in waits)
+    assert streams.grad_sync_s(lined, p) == [0.0] * len(p)
+    kept = in_line(fsdp_profile(reshard_after_forward=False), fsdp_forward=(af, bf), fsdp_backward=(ab, bb),
+                   all_gather_wall=(lag, rag), reduce_scatter_wall=(lrs, rrs))
+    wk = streams.layer_waits(kept, layers, [1e-3] * len(p), [2e-3] * len(p))
+    assert wk[j].bwd_copy == pytest.approx((ab - af) + (bb - bf) * p[j] + lrs + rrs * 2 * p[j])
+
+
+def test_in_line_iteration_counts_every_collective_by_hand():
+    """One rank (pp 1), m micro-batches of L layers, everything in line: the iteration is the sum of its parts, so
+    raising the all-gather's fixed wall by d adds 2 L m d (each layer gathered before its forward and again before
+    its backward), the reduce-scatter's L m d (each layer reduced once, the lowest included), FSDP2's fixed forward or
+    backward work L m d; validate's predicted forward (the training thread's CPU) takes the last, not the walls."""
+    from lynx_planner import validate
+
+    prof = fsdp_profile()
+    m, n = prof.parallel.num_microbatches, len(prof.layers)
+    base = dict(fsdp_forward=(1e-4, 1e-10), fsdp_backward=(2e-4, 2e-10), all_gather_wall=(3e-4, 1e-9),
+                reduce_scatter_wall=(5e-4, 2e-9))
+    d = 1e-3
+
+    def iteration(**change):
+        lines = base | {k: (base[k][0] + v, base[k][1]) for k, v in change.items()}
+        return simulate(in_line(prof, **lines)).predicted.iteration_time_s
+
+    t0 = iteration()
+    assert iteration(all_gather_wall=d) - t0 == pytest.approx(2 * n * m * d)
+    assert iteration(reduce_scatter_wall=d) - t0 == pytest.approx(n * m * d)
+    assert iteration(fsdp_forward=d) - t0 == pytest.approx(n * m * d)
+    assert iteration(fsdp_backward=d) - t0 == pytest.approx(n * m * d)
+    plan = solvers.plan(prof, "p.json", "0" * 64, "none", 1 << 60)
+
+    def forward(**change):
+        lines = base | {k: (base[k][0] + v, base[k][1]) for k, v in change.items()}
+        return validate.predicted_stage(in_line(prof, **lines), plan, 0).forward_s
+
+    assert forward(all_gather_wall=d) == pytest.approx(forward())
+    assert forward(fsdp_forward=d) - forward() == pytest.approx(n * m * d)
+
+
+def test_an_old_runtime_has_no_in_line_terms():
+    old = '{"backend": "gloo", "cores": 2, "ranks": 2, "comm_cpu_share": 1.0, "all_gather_cpu_s_per_byte": 1e-9}'
+    rt = LocalRuntime.model_validate_json(old)
+    assert rt.all_gather_wall is None and rt.fsdp_forward is None
+    assert json.loads(dumps(rt)) == json.loads(old)
+    lined = LocalRuntime(cores=2, ranks=2, comm_cpu_share=1.0, fsdp_forward=(1e-4, 2e-10))
+    assert LocalRuntime.model_validate_json(dumps(lined)) == lined

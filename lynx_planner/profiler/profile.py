@@ -286,10 +286,12 @@ def _local_runtime(slots: list[LayerSlot], parallel: ParallelConfig, model, inpu
     with torch.no_grad(), context():
         out = last.module(*last.args, **(last.kwargs or {}))
     out = tensors_in(out if isinstance(out, tuple) else (out,))
+    largest = max(slots, key=lambda s: sum(p.numel() for p in s.module.parameters()))
+    tensors = [p.numel() for p in largest.module.parameters()]
     return local_runtime.measure(parallel, model=model, inputs=inputs, boundary=tuple(middle.shape),
                                  output=tuple(out[0].shape), dtype=dtype, threads=threads, repeats=repeats,
-                                 unit_params=max(sum(p.numel() for p in s.module.parameters()) for s in slots),
-                                 model_path=str(Path(path).resolve()), overrides=overrides)
+                                 unit_params=sum(tensors), model_path=str(Path(path).resolve()), overrides=overrides,
+                                 unit_tensors=tensors or None)
 
 
 def _block_input(slot: LayerSlot) -> torch.Tensor | None:

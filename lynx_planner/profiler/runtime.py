@@ -12,9 +12,12 @@ reduced. Measured by CPU time (a busy machine's waits for a CPU stay out, as in 
   less the training thread's), per forward or backward item of its order; a gloo ping-pong between ranks 0 and 1
   (as `lynx hardware calibrate`) for the send's bandwidth and latency; the gradient scaling's CPU per parameter on
   the profiled model's own gradients.
-- FSDP: the communication threads' CPU per byte of a gloo all-gather (output bytes) and reduce-scatter (input
-  bytes) of the largest layer's fp32 parameters (up to 64 MiB), the collectives FSDP2 runs per unit, each run as
-  FSDP2 runs it on a CPU: synchronously, the training thread waiting (docs/timeline.md).
+- FSDP: the communication threads' CPU per byte and the wall time of a gloo all-gather (output bytes) and
+  reduce-scatter (input bytes) of the largest layer's fp32 parameters (up to 64 MiB; the wall also at a sixteenth of
+  it, for its fixed part), the collectives FSDP2 runs per unit, each run as FSDP2 runs it on a CPU: synchronously,
+  the training thread waiting (docs/timeline.md); and FSDP2's own work on the training thread per unit (copies,
+  allocations, hooks, the calling thread's share of the collectives): stand-in units of the largest layer's tensors
+  (and of a sixteenth of each) with and without fully_shard, the difference (fsdp_thread_cpu).
 - both: the contention between the ranks' compute, compute_slowdown: the model file's whole forward and backward
   timed by CPU on one rank while the others wait, then on every rank at once; the ratio of the medians. The block
   times are one process alone; the job's ranks run beside each other on the shared caches and memory, and each
@@ -190,7 +193,78 @@ def _compute_worker(rank: int, world: int, port: int, model_path: str, overrides
         dist.destroy_process_group()
 
 
-def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, repeats: int, out_dir: str) -> None:
+class _Unit(torch.nn.Module):
+    """A stand-in for one FSDP unit: flat weights of the unit's tensors' sizes and almost no compute (one pass over
+    each weight forward, its gradient backward), so that the same units run with and without FSDP2 differ by FSDP2's
+    own work on the training thread (which has a part per tensor as well as per byte)."""
+
+    def __init__(self, sizes: list[int], dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.full((n,), 1e-3, dtype=dtype)) for n in sizes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + w.sum()
+        return x
+
+
+FSDP_UNITS = 4  # stand-in units in a chain (and the root), per size measured
+
+
+def fsdp_thread_cpu(world: int, sizes: list[int], dtype: torch.dtype, m: int, repeats: int
+                    ) -> tuple[float, float]:
+    """(forward, backward) CPU seconds of the training thread per unit and micro-batch that FSDP2 adds to a chain of
+    stand-in units whose tensors have `sizes` parameters (each unit fully_shard-ed, resharded after forward, and the
+    root, as validate_fsdp.py runs a job: m micro-batches per iteration, FSDP2 reducing on each) over the same units
+    without FSDP: its hooks, the all-gather's copy-in and copy-out, the allocations, the reduce-scatter's copy-in
+    (chunk_cat), the calling thread's part of each synchronous collective and the sharded gradient's accumulation.
+    Medians over the iterations; the ranks run alike and at once (call in every rank of the process group)."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    plain = torch.nn.Sequential(*(_Unit(sizes, dtype) for _ in range(FSDP_UNITS)))
+    sharded = copy.deepcopy(plain)
+    mesh = init_device_mesh("cpu", (world,))
+    for unit in sharded:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh)
+    x = torch.zeros(8, dtype=dtype, requires_grad=True)
+
+    def iteration(model, fresh_grads: bool) -> tuple[float, float]:
+        model.zero_grad(set_to_none=fresh_grads)
+        dist.barrier()
+        fwd = bwd = 0.0
+        for _ in range(m):
+            c0 = time.thread_time()
+            out = model(x).float().pow(2).mean()
+            c1 = time.thread_time()
+            out.backward()
+            fwd, bwd = fwd + c1 - c0, bwd + time.thread_time() - c1
+            if fresh_grads:  # the profile's blocks: each backward makes its gradients afresh
+                model.zero_grad(set_to_none=True)
+        return fwd, bwd
+
+    extra: list[tuple[float, float]] = []
+    for k in range(WARMUP + repeats):
+        pf, pb = iteration(plain, True)
+        sf, sb = iteration(sharded, False)
+        if k >= WARMUP:
+            extra.append(((sf - pf) / (m * FSDP_UNITS), (sb - pb) / (m * FSDP_UNITS)))
+    return statistics.median(f for f, _ in extra), statistics.median(b for _, b in extra)
+
+
+def line(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float]:
+    """(intercept, slope) of the line through two measured points (x0 < x1), each clamped at zero (a negative one is
+    noise: no part of a collective or a unit's work takes negative time)."""
+    slope = max(0.0, (y1 - y0) / (x1 - x0))
+    return max(0.0, y0 - slope * x0), slope
+
+
+def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, sizes: list[int], dtype: str, m: int, threads: int,
+                 repeats: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
@@ -200,24 +274,41 @@ def _fsdp_worker(rank: int, world: int, port: int, nbytes: int, threads: int, re
         full = torch.ones(nbytes // 4)
         shard = torch.ones(nbytes // 4 // world)
 
-        def comm_cpu(fn) -> float:
-            """The communication threads' CPU of one collective (the process's less this thread's), run as FSDP2 runs
-            it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is False and a CPU has
-            no streams, so no compute runs beside it); median."""
-            out = []
+        def timed(fn) -> tuple[float, float]:
+            """The communication threads' CPU of one collective (the process's less this thread's) and its wall time,
+            run as FSDP2 runs it on a CPU: synchronously, the training thread waiting (FSDP2's unshard_async_op is
+            False and a CPU has no streams, so no compute runs beside it), both ranks starting together; medians."""
+            cpu, wall = [], []
             for k in range(WARMUP + repeats):
                 dist.barrier()
-                c0, p0 = time.thread_time(), time.process_time()
+                c0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
                 fn()
                 if k >= WARMUP:
-                    out.append((time.process_time() - p0) - (time.thread_time() - c0))
-            return statistics.median(out)
+                    wall.append(time.perf_counter() - w0)
+                    cpu.append((time.process_time() - p0) - (time.thread_time() - c0))
+            return statistics.median(cpu), statistics.median(wall)
 
-        gather = comm_cpu(lambda: dist.all_gather_single(full, shard))
-        scatter = comm_cpu(lambda: dist.reduce_scatter_single(shard, full))
+        small_bytes = max(4 * world, nbytes // 16 // (4 * world) * 4 * world)
+        gather, ag_wall = timed(lambda: dist.all_gather_single(full, shard))
+        scatter, rs_wall = timed(lambda: dist.reduce_scatter_single(shard, full))
+        full_s, shard_s = full[:small_bytes // 4], shard[:small_bytes // 4 // world]
+        _, ag_wall_small = timed(lambda: dist.all_gather_single(full_s, shard_s))
+        _, rs_wall_small = timed(lambda: dist.reduce_scatter_single(shard_s, full_s))
+        # FSDP2's training-thread work per unit, on units of the largest layer's tensors and of a sixteenth of each
+        # (its fixed part: hooks and bookkeeping, per unit and per tensor; its part per parameter: copies and
+        # allocations)
+        torch_dtype = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
+        cap = MAX_COLLECTIVE // 4 / max(1, sum(sizes))  # (a unit beyond the collectives' cap: scaled down to it)
+        sizes = [max(1, int(n * cap)) for n in sizes] if cap < 1 else sizes
+        smaller = [max(1, n // 16) for n in sizes]
+        small, large = sum(smaller), sum(sizes)
+        (f0, b0), (f1, b1) = (fsdp_thread_cpu(world, u, torch_dtype, m, repeats) for u in (smaller, sizes))
         if rank == 0:
-            Path(out_dir, "fsdp.json").write_text(json.dumps({"all_gather": gather / nbytes,
-                                                              "reduce_scatter": scatter / nbytes}))
+            Path(out_dir, "fsdp.json").write_text(json.dumps({
+                "all_gather": gather / nbytes, "reduce_scatter": scatter / nbytes,
+                "all_gather_wall": line(small_bytes, ag_wall_small, nbytes, ag_wall),
+                "reduce_scatter_wall": line(small_bytes, rs_wall_small, nbytes, rs_wall),
+                "forward": line(small, f0, large, f1), "backward": line(small, b0, large, b1)}))
     finally:
         dist.destroy_process_group()
 
@@ -254,10 +345,11 @@ def compute_slowdown(world: int, model_path: str, overrides: dict, dtype: str, t
 
 def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, boundary: tuple[int, ...],
             output: tuple[int, ...], dtype: str, threads: int, repeats: int, unit_params: int, model_path: str,
-            overrides: dict) -> LocalRuntime:
+            overrides: dict, unit_tensors: list[int] | None = None) -> LocalRuntime:
     """The LocalRuntime of the job `par` describes (applies() must hold): `inputs` the first stage's example
     inputs (one micro-batch), `boundary` and `output` the shapes a chunk sends and the last one outputs,
-    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size); `model_path` and
+    `unit_params` the largest layer's parameters (FSDP's collectives are measured at its size) and `unit_tensors` its
+    tensors' sizes (FSDP2's own work, on stand-ins of them; default one tensor of unit_params); `model_path` and
     `overrides` load the model file in each rank's process (load_model_file) for the compute measured there."""
     import logging
 
@@ -286,10 +378,16 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
                 compute_slowdown=slower)
         # the size of the job's largest unit's gather (fp32 on a CPU), in whole elements per rank
         nbytes = max(world * 4, min(MAX_COLLECTIVE, 4 * unit_params) // (4 * world) * 4 * world)
-        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, threads, repeats, out_dir), nprocs=world,
-                 join=True)
+        mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, list(unit_tensors or [unit_params]), dtype,
+                                     par.num_microbatches, threads, repeats, out_dir), nprocs=world, join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
+    def digits(pair):
+        return [float(f"{x:.4g}") for x in pair]
+
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
                         reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"),
+                        all_gather_wall=digits(rates["all_gather_wall"]),
+                        reduce_scatter_wall=digits(rates["reduce_scatter_wall"]),
+                        fsdp_forward=digits(rates["forward"]), fsdp_backward=digits(rates["backward"]),
                         compute_slowdown=slower)
