@@ -26,6 +26,7 @@ import bisect
 import copy
 import heapq
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
@@ -687,7 +688,30 @@ class _Stage:
     def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
         on demand, with nothing queued before it: backward()'s additions in its order, its tasks ([seconds left,
-        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
+        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first).
+        Within reused_backwards(), looked up where the same chunk's backward ran from the same state before."""
+        memo = _REUSED[-1] if _REUSED else None
+        if memo is None:
+            return self._backward_local(ch, ready)
+        key = (id(ch.bwd_local), self.t, ready, self.busy, self.exposed, self.hidden, self.gamma)
+        hit = memo.get(key)
+        times, deltas = self.mem.times, self.mem.deltas
+        if hit is None:
+            n = len(times)
+            self._backward_local(ch, ready)
+            if len(memo) >= REUSED_BACKWARDS:
+                memo.clear()
+            # holding bwd_local keeps its id from being reused while the entry lives
+            memo[key] = (ch.bwd_local, self.t, self.busy, self.exposed, self.hidden, self.grad_waits[-1], times[n:],
+                         deltas[n:])
+            return
+        _, self.t, self.busy, self.exposed, self.hidden, wait, new_times, new_deltas = hit
+        self.grad_waits.append(wait)
+        ch.grad_waits.append(wait)
+        times.extend(new_times)
+        deltas.extend(new_deltas)
+
+    def _backward_local(self, ch: _Chunk, ready: float) -> None:
         gamma, mem = self.gamma, self.mem
         note_t, note_d = mem.times.append, mem.deltas.append
         t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
@@ -811,6 +835,23 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     order = schedules.order(kind, p, v, rank, m)
     fires = placements.prev_forward_fires(kind, p, v, rank, m)
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
+
+
+# A search simulates many plans that share chunks, and their timelines agree until the first item their
+# differences reach (a rank's items before it start from the same state): within reused_backwards(), a local backward
+# (_Stage.backward_local: a pure function of its chunk's tables, the rank's clock, busy, exposed and hidden seconds,
+# its ready time and the interference factor) is run once per such state and replayed after, bit for bit.
+_REUSED: list[dict] = []
+REUSED_BACKWARDS = 1 << 16  # entries kept (each a backward's few memory events); cleared when full
+
+
+@contextmanager
+def reused_backwards():
+    _REUSED.append({})
+    try:
+        yield
+    finally:
+        _REUSED.pop()
 
 
 CAP_SCAN_EVENTS = 256  # with caps, a rank's memory is scanned once this many events have come since the last scan

@@ -603,7 +603,8 @@ def _simulations():
     from the one before in a chunk or two. And each layer's policy for a choice (policies_of)."""
     _SIMULATED.append({})
     try:
-        yield
+        with simulator.reused_backwards():
+            yield
     finally:
         _SIMULATED.pop()
 
