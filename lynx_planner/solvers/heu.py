@@ -29,7 +29,7 @@ from .. import schedules, simulator
 from ..schema import LayerPolicy, Profile
 from ..simulator import in_flight
 from . import Problem, Strategy
-from .candidates import Candidate
+from .candidates import Candidate, collector_paused
 from .partition import best_bounds, even_bounds
 from .stage_model import (
     StageModel,
@@ -181,6 +181,7 @@ class HullCache:
     # Without pools and deferred weight passes, an option's memory is the in-flight count times its kept bytes: the
     # frontier's order and choices are the same at every in-flight count, found once per (block, window, top).
     scaled: dict = field(default_factory=dict)
+    where: dict = field(default_factory=dict)  # id of each frontier's option -> (the frontier, its place on it)
 
 
 def _class_key(model: StageModel, j: int) -> tuple:
@@ -203,7 +204,14 @@ def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache
             cache.table[key] = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
         else:
             cache.table[key] = _options(model, slot, cache.placed[where], cache.pool_price)
+        front = cache.table[key]
+        cache.where.update((id(o), (front, i)) for i, o in enumerate(front))  # the options live as long as the cache
     return cache.table[key]
+
+
+def _place(o: Option, caches: list[HullCache]) -> tuple[list[Option], int]:
+    """The frontier holding option o (made by one of these regimes) and o's place on it."""
+    return next(c.where[id(o)] for c in caches if id(o) in c.where)
 
 
 def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
@@ -480,7 +488,7 @@ def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Op
 
 def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], waits: list[float],
                     caches: list[HullCache], exact: bool):
-    models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
+    models = [_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
     solved = [solve_stage(profile, m, caches, exact) for m in models]
     if all(x is None for x in solved):
         return None
@@ -508,7 +516,7 @@ def rank_limits(profile: Profile, bounds: list[int], limit: int, waits: list[flo
         return out
     for r in range(par.pp):
         mine = schedules.chunks_of(par.pp, par.virtual_stages, r)
-        models = [stage_model(profile, c, bounds[c], bounds[c + 1], limit, waits[c]) for c in mine]
+        models = [_model(profile, c, bounds[c], bounds[c + 1], limit, waits[c]) for c in mine]
         counts = schedules.peak_counts(par.schedule, par.pp, par.virtual_stages, r, par.num_microbatches)
         most = [max(1, max(n[i] for n in counts)) for i in range(len(mine))]  # the counts the options' bytes are at
         hulls, levels, owner = [], [], []
@@ -560,7 +568,7 @@ def rank_limits(profile: Profile, bounds: list[int], limit: int, waits: list[flo
 
 def frugal_peaks(profile: Profile, bounds: list[int], cache: HullCache) -> list[int]:
     """Each rank's simulated peak with every layer at its most frugal option (on demand)."""
-    models = [stage_model(profile, c, bounds[c], bounds[c + 1], 0, 0.0) for c in range(len(bounds) - 1)]
+    models = [_model(profile, c, bounds[c], bounds[c + 1], 0, 0.0) for c in range(len(bounds) - 1)]
     chosen = [[_class_options(profile, m, j, cache)[0] for j in range(len(m.slots))] for m in models]
     return [st.peak_memory_bytes for st in _simulate(profile, bounds, policies_of(profile, models, chosen)
                                                      ).predicted.stages]
@@ -581,7 +589,7 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
         # Stages with the same layers, in-flight count and position at the end share one solution.
         key = (flight[s], seq[first][end - first], end == n, first == 0)
         if key not in by_structure:
-            model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
+            model = _model(profile, s, first, end, share_limit(profile, first, end, limit),
                                 p2p_wait_s(profile, first, end))
             solved = _greedy(profile, model, cache, fill=False)
             by_structure[key] = float("inf") if solved is None else solved[1]
@@ -643,6 +651,18 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
     return hit[1]
 
 
+def _model(profile: Profile, s: int, first: int, end: int, limit: int, wait: float) -> StageModel:
+    """stage_model, made once per search (_simulations) for the same arguments: the splits, regimes and rounds of a
+    search ask for the same stages again (a model is immutable: replace() makes the variants)."""
+    if not _SIMULATED:
+        return stage_model(profile, s, first, end, limit, wait)
+    known, key = _SIMULATED[-1], ("model", id(profile), s, first, end, limit, wait)
+    got = known.get(key)
+    if got is None:  # holding the profile keeps its id from being reused
+        got = known[key] = (profile, stage_model(profile, s, first, end, limit, wait))
+    return got[1]
+
+
 def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
     """A shortened pipeline's iteration time extended to `num_microbatches` by its steady-state period (the mean step
     between the first stage's backward ends, the last one excluded): the raw time over-weights the warm-up and
@@ -684,15 +704,16 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
         stepped = False
         for rank, excess in over.items():  # the rank's chunks share its memory: step down the cheapest of them
             mine = [c for c in range(len(models)) if schedules.rank_of(p, c) == rank]
+            steps = {c: _cheapest_step_down(chosen[c], caches) for c in mine}
             while excess > 0:
-                steps = [(got, c) for c in mine
-                         if (got := _cheapest_step_down(profile, models[c], chosen[c], caches)) is not None]
-                if not steps:
+                live = [(got, c) for c, got in steps.items() if got is not None]
+                if not live:
                     break
-                (_, j, lower), s = max(steps, key=lambda x: x[0][0])
+                (_, j, lower), s = max(live, key=lambda x: x[0][0])
                 excess -= chosen[s][j].mem - lower.mem
                 chosen[s][j] = lower
                 stepped = True
+                steps[s] = _cheapest_step_down(chosen[s], caches)  # the other chunks' stand
         if not stepped:
             return pols, result
     return policies_of(profile, models, chosen), _simulate(profile, bounds, policies_of(profile, models, chosen))
@@ -714,14 +735,14 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     for _ in range(max_sims):
         room = {st.stage: limit - st.peak_memory_bytes for st in cur.predicted.stages}
         best = None  # (exposure saved, chunk, slot, option)
-        for c, model in enumerate(got.models):
+        for c in range(len(got.models)):
             rank = schedules.rank_of(pp, c)
             left = min(room[rank], too_big.get(rank, room[rank] + 1) - 1)
             if left <= 0:
                 continue
             for j, o in enumerate(chosen[c]):
-                frontier = next(f for f in (_class_options(profile, model, j, r) for r in got.regimes) if o in f)
-                for up in frontier[frontier.index(o) + 1:]:
+                frontier, i = _place(o, got.regimes)
+                for up in frontier[i + 1:]:
                     if up.mem - o.mem > left or (c, j, id(up)) in tried:
                         continue
                     # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
@@ -778,13 +799,12 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
     return chosen, pols, cur
 
 
-def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option], caches: list[HullCache]):
+def _cheapest_step_down(opts: list[Option], caches: list[HullCache]):
     """(memory freed per second of exposure added, slot, option) of the step down its frontier that frees the most
     memory per second of exposure added."""
     best = None
     for j, o in enumerate(opts):
-        frontier = next(f for f in (_class_options(profile, model, j, c) for c in caches) if o in f)
-        i = frontier.index(o)
+        frontier, i = _place(o, caches)
         if i > 0:
             lower = frontier[i - 1]
             gain = (o.mem - lower.mem) / max(1e-12, lower.exposed_s - o.exposed_s)
@@ -812,7 +832,7 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     """HEU's split and policies, with their full-length evaluation. Keeping everything on Megatron's even split is
     one of HEU's plans too: where it fits and simulates faster, it wins (the stage model can over-count memory, e.g.
     under deferred weight passes, and then recompute for nothing)."""
-    with _simulations():
+    with _simulations(), collector_paused():  # its garbage is freed by refcounts (any cycle: collected after)
         best = _heu_strategy(profile, limit, partition, placements)
     bounds = even_bounds(profile, n_chunks(profile))
     evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
@@ -873,7 +893,7 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
     if not contenders:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         limits = chunk_limits(profile, bounds, limit)
-        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
+        models = [_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
         chosen = [[_class_options(profile, m, j, caches[-1])[0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
