@@ -1117,7 +1117,7 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
                      events: list[dict] | None = None, dp_free_s: float = 0.0) -> float:
     """When rank `s` of `p` ends the iteration (reduce_gradients says what it runs): its `layers` (bottom up) with
     their last backward's seconds `bwd_s`, that backward ending at `end_s`; the DP stream is free from `dp_free_s`."""
-    par, hw = profile.parallel, profile.hardware
+    par = profile.parallel
     if par.dp * par.cp == 1 and not par.optimizer_step and profile.runtime is None:
         return end_s
 
@@ -1131,38 +1131,61 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
     for dt in bwd_s:  # bottom up: a layer is done before the backward of the layers below it
         ready_at.append(ready if par.overlap_grad_reduce else end_s)
         ready -= dt
-    params = [profile.layers[i].params for i in layers]
-    experts = [profile.layers[i].expert_params for i in layers]
-    sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
+    sync, scale, copies, step, gather = _tail_costs(profile, s, p, layers)
     t = dp_free_s
     for i, dt, at in zip(reversed(layers), reversed(sync), reversed(ready_at)):
         start = max(t, at)
         event(f"DP grad L{i}", start, dt)
         t = start + dt
     t = max(t, end_s)
-    if par.pp > 1 and (scale := streams.grad_scale_s(profile, sum(params))) > 0:  # torch's pipeline schedule
+    if scale > 0:  # torch's pipeline schedule
         if events is not None:  # compute-stream work (the rank's training thread)
             events.append({"name": "gradient scaling", "ph": "X", "pid": s, "tid": streams.COMPUTE,
                            "ts": t * 1e6, "dur": scale * 1e6})
         t += scale
-    if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
-        copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
+    if copies is not None:  # gradients copied to flat buckets, divided, copied back
         event("DP bucket copies", t, copies)
         t += copies
+    if step is not None:
+        event("optimizer step", t, step)
+        t += step
+    if gather is not None:
+        event("DP param all-gather", t, gather)
+        t += gather
+    return t
+
+
+def _tail_costs(profile: Profile, s: int, p: int, layers: list[int]
+                ) -> tuple[list[float], float, float | None, float | None, float | None]:
+    """What end_of_iteration adds after a rank's last backward, whenever it ends: per layer its gradients' reduction
+    (bottom up), the gradient scaling, the bucket copies, the optimizer step and the weights' all-gather (None: not
+    run). Within reused_backwards() (a search: every plan it simulates asks again) found once per rank's layers."""
+    memo = _REUSED[-1] if _REUSED else None
+    key = ("tail", id(profile), s, p, tuple(layers))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None:
+        return hit[1]
+    par, hw = profile.parallel, profile.hardware
+    params = [profile.layers[i].params for i in layers]
+    experts = [profile.layers[i].expert_params for i in layers]
+    sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
+    scale = streams.grad_scale_s(profile, sum(params)) if par.pp > 1 else 0.0
+    copies = step = gather = None
+    if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:
+        copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
     if par.optimizer_step:
         ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
         step = optimizer_step_s(profile, sum(params), tied_embedding_params(profile) if ends else 0, p, sum(experts))
-        event("optimizer step", t, step)
-        t += step
     if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
         gather = costs.all_gather_s(PARAM_BYTES * (sum(params) - sum(experts)), par.dp * par.cp,
                                     streams.bus(profile, "dp"))
         if sum(experts):  # expert-DP: ranks tp x ep apart
             gather += costs.all_gather_s(PARAM_BYTES * sum(experts), par.dp * par.cp // par.ep,
                                          costs.group_link(hw, par.dp * par.cp // par.ep, par.tp * par.ep))
-        event("DP param all-gather", t, gather)
-        t += gather
-    return t
+    got = (sync, scale, copies, step, gather)
+    if memo is not None:  # holding the profile keeps its id from being reused
+        memo[key] = (profile, got)
+    return got
 
 
 def tied_embedding_params(profile: Profile) -> int:

@@ -231,8 +231,8 @@ def test_memory_peak_is_the_peak_in_time_order(events, in_order):
 def test_backwards_replayed_within_a_search_match_the_reference(case):
     """Within simulator.reused_backwards() (a search's simulations), a local backward from a state met before is
     replayed, not walked: a plan, another differing in its last chunk (the same timeline until that chunk's first
-    backward) and the first again, each give every result and the whole memory timeline of the reference; the plan
-    simulated again replays every local backward it has (no new entry)."""
+    backward) and the first again, each give every result and the whole memory timeline of the reference (run outside
+    the search); the plan simulated again replays every local backward and end of iteration it has (no new entry)."""
     prof, bounds, pols, _ = case
     lo = bounds[-2]
     other = pols[:lo] + [ev.layer_policy(prof, i, frozenset(), None, "on_demand") for i in range(lo, len(pols))]
@@ -241,16 +241,20 @@ def test_backwards_replayed_within_a_search_match_the_reference(case):
     changed = runs[:-1] + ev.runs_of(prof, ev.stage_plans(prof, bounds, other))[-1:]
     fast_seen, fast_record = memory_timelines(simulator._Stage, lambda st: list(zip(st.mem.times, st.mem.deltas)))
     slow_seen, slow_record = memory_timelines(sim_reference._Stage, lambda st: list(st.mem))
+    plans, slow = (runs, changed, runs), []
+    with pytest.MonkeyPatch.context() as mp:  # the reference outside the search (it shares the end of iteration)
+        mp.setattr(sim_reference._Stage, "activation_peak", slow_record)
+        for plan in plans:
+            slow_seen.clear()
+            slow.append((reference(prof, [list(r) for r in plan]), list(slow_seen)))
     with pytest.MonkeyPatch.context() as mp, simulator.reused_backwards():
         mp.setattr(simulator._Stage, "activation_peak", fast_record)
-        mp.setattr(sim_reference._Stage, "activation_peak", slow_record)
-        for plan in (runs, changed, runs):
+        for plan, (want, want_seen) in zip(plans, slow):
             entries = len(simulator._REUSED[-1])
             fast_seen.clear()
-            slow_seen.clear()
-            fast, slow = simulator.simulate(prof, plan), reference(prof, [list(r) for r in plan])
-            assert fast.iteration_time_s == slow.iteration_time_s
-            assert [vars(x) for x in fast.stages] == [vars(x) for x in slow.stages]
-            assert fast.chunk_grad_waits_s == slow.chunk_grad_waits_s
-            assert fast_seen == slow_seen
+            fast = simulator.simulate(prof, plan)
+            assert fast.iteration_time_s == want.iteration_time_s
+            assert [vars(x) for x in fast.stages] == [vars(x) for x in want.stages]
+            assert fast.chunk_grad_waits_s == want.chunk_grad_waits_s
+            assert fast_seen == want_seen
         assert len(simulator._REUSED[-1]) == entries  # the first plan again: all replayed
