@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from .. import evaluate as ev
 from .. import schedules, simulator
@@ -384,7 +384,7 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         starts, exposed, option, table = transitions[key]
         # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
         # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
-        np.add(sliding_window_view(dp, r)[starts], exposed, out=table)
+        np.add(_windows(dp, r)[starts], exposed, out=table)
         steps.append((dp, starts, exposed, option))
         dp = np.concatenate([dp[:r], table.min(axis=0)])
     dp = dp[r:]
@@ -407,6 +407,12 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
+
+
+def _windows(a: np.ndarray, r: int) -> np.ndarray:
+    """sliding_window_view(a, r) of a contiguous 1-D array, read-only, without its argument checks (half the cost of
+    a DP step's gather at this size)."""
+    return as_strided(a, shape=(len(a) - r + 1, r), strides=(a.strides[0], a.strides[0]), writeable=False)
 
 
 def _by_units(front: list[Option], base: int, unit: float, r: int
@@ -624,7 +630,7 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
     if not _SIMULATED:
         return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
     known = _SIMULATED[-1]
-    layers = tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values()) for p in pols)
+    layers = tuple(_fields(known, p) for p in pols)
     key = (id(profile), tuple(bounds), layers)
     hit = known.get(key)
     if hit is None and limit is not None and ("over", limit, key) in known:
@@ -649,6 +655,15 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
                 return None
         hit = known[key] = (profile, ev.evaluation_of(profile, stages, sim))
     return hit[1]
+
+
+def _fields(known: dict, pol: LayerPolicy) -> tuple:
+    """A policy's fields as a key, found once per policy object within a search (policies_of hands out the same
+    objects for the same choices); the object held keeps its id from being reused."""
+    got = known.get(id(pol))
+    if got is None:
+        got = known[id(pol)] = (pol, tuple(tuple(v) if isinstance(v, list) else v for v in pol.__dict__.values()))
+    return got[1]
 
 
 def _model(profile: Profile, s: int, first: int, end: int, limit: int, wait: float) -> StageModel:
