@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import evaluate as ev
 from .. import schedules, simulator
-from ..schema import LayerPolicy, Profile
+from ..schema import LayerPolicy, Profile, StagePlan
 from ..simulator import in_flight
 from . import Problem, Strategy
 from .candidates import Candidate, collector_paused
@@ -641,7 +641,10 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
             chunk = ("chunk", id(profile), s, lo, hi, layers[lo:hi])
             got = known.get(chunk)
             if got is None:
-                plan = ev.stage_plans(profile, [lo, hi], pols)[0].model_copy(update={"stage": s})
+                # its layers' policies one by one, not merged into runs as a plan file lists them: the same layer
+                # runs and bytes, without merging's copies (a search's stage plans are read for those only)
+                plan = StagePlan(stage=s, layers=(lo, hi), layer_names=[l.name for l in profile.layers[lo:hi]],
+                                 policies=pols[lo:hi])
                 got = known[chunk] = (profile, plan, simulator.stage_runs(profile, lo, hi, plan.policies))
             chunks.append(got)
         stages, runs = [c[1] for c in chunks], [c[2] for c in chunks]
@@ -847,7 +850,7 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     """HEU's split and policies, with their full-length evaluation. Keeping everything on Megatron's even split is
     one of HEU's plans too: where it fits and simulates faster, it wins (the stage model can over-count memory, e.g.
     under deferred weight passes, and then recompute for nothing)."""
-    with _simulations(), collector_paused():  # its garbage is freed by refcounts (any cycle: collected after)
+    with collector_paused(), _simulations():  # its garbage is freed by refcounts (any cycle: collected after)
         best = _heu_strategy(profile, limit, partition, placements)
     bounds = even_bounds(profile, n_chunks(profile))
     evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
