@@ -26,6 +26,7 @@ import bisect
 import copy
 import heapq
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
@@ -687,7 +688,30 @@ class _Stage:
     def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
         on demand, with nothing queued before it: backward()'s additions in its order, its tasks ([seconds left,
-        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first)."""
+        bytes, started, layer]) in a local queue, consumed by its end (one micro-batch's: the highest layer first).
+        Within reused_backwards(), looked up where the same chunk's backward ran from the same state before."""
+        memo = _REUSED[-1] if _REUSED else None
+        if memo is None:
+            return self._backward_local(ch, ready)
+        key = (id(ch.bwd_local), self.t, ready, self.busy, self.exposed, self.hidden, self.gamma)
+        hit = memo.get(key)
+        times, deltas = self.mem.times, self.mem.deltas
+        if hit is None:
+            n = len(times)
+            self._backward_local(ch, ready)
+            if len(memo) >= REUSED_BACKWARDS:
+                memo.clear()
+            # holding bwd_local keeps its id from being reused while the entry lives
+            memo[key] = (ch.bwd_local, self.t, self.busy, self.exposed, self.hidden, self.grad_waits[-1], times[n:],
+                         deltas[n:])
+            return
+        _, self.t, self.busy, self.exposed, self.hidden, wait, new_times, new_deltas = hit
+        self.grad_waits.append(wait)
+        ch.grad_waits.append(wait)
+        times.extend(new_times)
+        deltas.extend(new_deltas)
+
+    def _backward_local(self, ch: _Chunk, ready: float) -> None:
         gamma, mem = self.gamma, self.mem
         note_t, note_d = mem.times.append, mem.deltas.append
         t, busy, exposed, hidden = self.t, self.busy, self.exposed, self.hidden
@@ -811,6 +835,23 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     order = schedules.order(kind, p, v, rank, m)
     fires = placements.prev_forward_fires(kind, p, v, rank, m)
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
+
+
+# A search simulates many plans that share chunks, and their timelines agree until the first item their
+# differences reach (a rank's items before it start from the same state): within reused_backwards(), a local backward
+# (_Stage.backward_local: a pure function of its chunk's tables, the rank's clock, busy, exposed and hidden seconds,
+# its ready time and the interference factor) is run once per such state and replayed after, bit for bit.
+_REUSED: list[dict] = []
+REUSED_BACKWARDS = 1 << 16  # entries kept (each a backward's few memory events); cleared when full
+
+
+@contextmanager
+def reused_backwards():
+    _REUSED.append({})
+    try:
+        yield
+    finally:
+        _REUSED.pop()
 
 
 CAP_SCAN_EVENTS = 256  # with caps, a rank's memory is scanned once this many events have come since the last scan
@@ -1076,7 +1117,7 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
                      events: list[dict] | None = None, dp_free_s: float = 0.0) -> float:
     """When rank `s` of `p` ends the iteration (reduce_gradients says what it runs): its `layers` (bottom up) with
     their last backward's seconds `bwd_s`, that backward ending at `end_s`; the DP stream is free from `dp_free_s`."""
-    par, hw = profile.parallel, profile.hardware
+    par = profile.parallel
     if par.dp * par.cp == 1 and not par.optimizer_step and profile.runtime is None:
         return end_s
 
@@ -1090,38 +1131,61 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
     for dt in bwd_s:  # bottom up: a layer is done before the backward of the layers below it
         ready_at.append(ready if par.overlap_grad_reduce else end_s)
         ready -= dt
-    params = [profile.layers[i].params for i in layers]
-    experts = [profile.layers[i].expert_params for i in layers]
-    sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
+    sync, scale, copies, step, gather = _tail_costs(profile, s, p, layers)
     t = dp_free_s
     for i, dt, at in zip(reversed(layers), reversed(sync), reversed(ready_at)):
         start = max(t, at)
         event(f"DP grad L{i}", start, dt)
         t = start + dt
     t = max(t, end_s)
-    if par.pp > 1 and (scale := streams.grad_scale_s(profile, sum(params))) > 0:  # torch's pipeline schedule
+    if scale > 0:  # torch's pipeline schedule
         if events is not None:  # compute-stream work (the rank's training thread)
             events.append({"name": "gradient scaling", "ph": "X", "pid": s, "tid": streams.COMPUTE,
                            "ts": t * 1e6, "dur": scale * 1e6})
         t += scale
-    if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:  # gradients copied to flat buckets, divided, copied back
-        copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
+    if copies is not None:  # gradients copied to flat buckets, divided, copied back
         event("DP bucket copies", t, copies)
         t += copies
+    if step is not None:
+        event("optimizer step", t, step)
+        t += step
+    if gather is not None:
+        event("DP param all-gather", t, gather)
+        t += gather
+    return t
+
+
+def _tail_costs(profile: Profile, s: int, p: int, layers: list[int]
+                ) -> tuple[list[float], float, float | None, float | None, float | None]:
+    """What end_of_iteration adds after a rank's last backward, whenever it ends: per layer its gradients' reduction
+    (bottom up), the gradient scaling, the bucket copies, the optimizer step and the weights' all-gather (None: not
+    run). Within reused_backwards() (a search: every plan it simulates asks again) found once per rank's layers."""
+    memo = _REUSED[-1] if _REUSED else None
+    key = ("tail", id(profile), s, p, tuple(layers))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None:
+        return hit[1]
+    par, hw = profile.parallel, profile.hardware
+    params = [profile.layers[i].params for i in layers]
+    experts = [profile.layers[i].expert_params for i in layers]
+    sync = streams.grad_sync_s(profile, params, experts)  # per layer, bottom up
+    scale = streams.grad_scale_s(profile, sum(params)) if par.pp > 1 else 0.0
+    copies = step = gather = None
+    if par.dp > 1 and not par.contiguous_grad_buffers and not par.fsdp:
+        copies = costs.memory_s(DDP_COPY_PASSES * 2 * grad_bytes(profile) * sum(params), hw)
     if par.optimizer_step:
         ends = p > 1 and (s == 0 or s == p - 1)  # the first stage's embedding and the last's copy in the head
         step = optimizer_step_s(profile, sum(params), tied_embedding_params(profile) if ends else 0, p, sum(experts))
-        event("optimizer step", t, step)
-        t += step
     if par.distributed_optimizer and par.dp > 1 and not par.overlap_param_gather:
         gather = costs.all_gather_s(PARAM_BYTES * (sum(params) - sum(experts)), par.dp * par.cp,
                                     streams.bus(profile, "dp"))
         if sum(experts):  # expert-DP: ranks tp x ep apart
             gather += costs.all_gather_s(PARAM_BYTES * sum(experts), par.dp * par.cp // par.ep,
                                          costs.group_link(hw, par.dp * par.cp // par.ep, par.tp * par.ep))
-        event("DP param all-gather", t, gather)
-        t += gather
-    return t
+    got = (sync, scale, copies, step, gather)
+    if memo is not None:  # holding the profile keeps its id from being reused
+        memo[key] = (profile, got)
+    return got
 
 
 def tied_embedding_params(profile: Profile) -> int:

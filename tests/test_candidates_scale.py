@@ -294,7 +294,7 @@ def test_stopping_exact_searches_early_keeps_the_frontier(name, monkeypatch):
 
 
 def test_frontier_search_leaves_the_garbage_collector_as_it_was(monkeypatch):
-    """The search pauses the cyclic collector (candidates._collector_paused): on after it if it was on, off if it was
+    """The search pauses the cyclic collector (candidates.collector_paused): on after it if it was on, off if it was
     off, and on again after a search that fails."""
     import gc
 

@@ -28,7 +28,7 @@ def test_repair_gives_up_only_when_nothing_is_left_to_give(monkeypatch):
         p = profile.parallel.pp
         for rank in over:
             mine = [c for c in range(len(models)) if schedules.rank_of(p, c) == rank]
-            assert all(heu._cheapest_step_down(profile, models[c], chosen[c], caches) is None for c in mine), \
+            assert all(heu._cheapest_step_down(chosen[c], caches) is None for c in mine), \
                 f"repair left rank {rank} over the limit with steps down left"
         calls.append(len(over))
         return pols, result

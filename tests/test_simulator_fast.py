@@ -224,3 +224,37 @@ def test_memory_peak_is_the_peak_in_time_order(events, in_order):
     for t, delta in events:
         mem.note(t, delta)
     assert mem.peak() == sorted_peak(events)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases(("on_demand", "layer_above", "grad_wait"), trace=False))
+def test_backwards_replayed_within_a_search_match_the_reference(case):
+    """Within simulator.reused_backwards() (a search's simulations), a local backward from a state met before is
+    replayed, not walked: a plan, another differing in its last chunk (the same timeline until that chunk's first
+    backward) and the first again, each give every result and the whole memory timeline of the reference (run outside
+    the search); the plan simulated again replays every local backward and end of iteration it has (no new entry)."""
+    prof, bounds, pols, _ = case
+    lo = bounds[-2]
+    other = pols[:lo] + [ev.layer_policy(prof, i, frozenset(), None, "on_demand") for i in range(lo, len(pols))]
+    runs = ev.runs_of(prof, ev.stage_plans(prof, bounds, pols))
+    # as a search passes them: the chunks the plans share as the same run lists
+    changed = runs[:-1] + ev.runs_of(prof, ev.stage_plans(prof, bounds, other))[-1:]
+    fast_seen, fast_record = memory_timelines(simulator._Stage, lambda st: list(zip(st.mem.times, st.mem.deltas)))
+    slow_seen, slow_record = memory_timelines(sim_reference._Stage, lambda st: list(st.mem))
+    plans, slow = (runs, changed, runs), []
+    with pytest.MonkeyPatch.context() as mp:  # the reference outside the search (it shares the end of iteration)
+        mp.setattr(sim_reference._Stage, "activation_peak", slow_record)
+        for plan in plans:
+            slow_seen.clear()
+            slow.append((reference(prof, [list(r) for r in plan]), list(slow_seen)))
+    with pytest.MonkeyPatch.context() as mp, simulator.reused_backwards():
+        mp.setattr(simulator._Stage, "activation_peak", fast_record)
+        for plan, (want, want_seen) in zip(plans, slow):
+            entries = len(simulator._REUSED[-1])
+            fast_seen.clear()
+            fast = simulator.simulate(prof, plan)
+            assert fast.iteration_time_s == want.iteration_time_s
+            assert [vars(x) for x in fast.stages] == [vars(x) for x in want.stages]
+            assert fast.chunk_grad_waits_s == want.chunk_grad_waits_s
+            assert fast_seen == want_seen
+        assert len(simulator._REUSED[-1]) == entries  # the first plan again: all replayed

@@ -119,7 +119,7 @@ def frontier(block: Block) -> Frontier:
 
 def _build(block: Block) -> Frontier:
     info = policy.analyse(block)
-    with _collector_paused():
+    with collector_paused():
         # exact when that is quick, repeats or not (a step holding a quarter of the cap: it will not be, give up there)
         got, stopped = _exact(info, FOLD_CAP, FOLD_CAP // 4)
         got = got or _large(block, info, stopped)
@@ -129,10 +129,10 @@ def _build(block: Block) -> Frontier:
 
 
 @contextmanager
-def _collector_paused():
+def collector_paused():
     """Python's cyclic garbage collector off within this block (as it was after): a frontier search allocates
     hundreds of thousands of short-lived tuples and lists, which reference counting frees (they form no cycles), and
-    the collector's passes over them took about a third of a large exact search's time."""
+    the collector's passes over them took about a third of a large exact search's time. HEU's search pauses it too."""
     was = gc.isenabled()
     gc.disable()
     try:

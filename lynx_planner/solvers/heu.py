@@ -22,14 +22,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from .. import evaluate as ev
 from .. import schedules, simulator
-from ..schema import LayerPolicy, Profile
+from ..schema import LayerPolicy, Profile, StagePlan
 from ..simulator import in_flight
 from . import Problem, Strategy
-from .candidates import Candidate
+from .candidates import Candidate, collector_paused
 from .partition import best_bounds, even_bounds
 from .stage_model import (
     StageModel,
@@ -181,6 +181,7 @@ class HullCache:
     # Without pools and deferred weight passes, an option's memory is the in-flight count times its kept bytes: the
     # frontier's order and choices are the same at every in-flight count, found once per (block, window, top).
     scaled: dict = field(default_factory=dict)
+    where: dict = field(default_factory=dict)  # id of each frontier's option -> (the frontier, its place on it)
 
 
 def _class_key(model: StageModel, j: int) -> tuple:
@@ -203,7 +204,14 @@ def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache
             cache.table[key] = [Option(o.cand, o.at, model.in_flight * o.mem, o.exposed_s) for o in cache.scaled[where]]
         else:
             cache.table[key] = _options(model, slot, cache.placed[where], cache.pool_price)
+        front = cache.table[key]
+        cache.where.update((id(o), (front, i)) for i, o in enumerate(front))  # the options live as long as the cache
     return cache.table[key]
+
+
+def _place(o: Option, caches: list[HullCache]) -> tuple[list[Option], int]:
+    """The frontier holding option o (made by one of these regimes) and o's place on it."""
+    return next(c.where[id(o)] for c in caches if id(o) in c.where)
 
 
 def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
@@ -376,7 +384,7 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         starts, exposed, option, table = transitions[key]
         # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
         # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
-        np.add(sliding_window_view(dp, r)[starts], exposed, out=table)
+        np.add(_windows(dp, r)[starts], exposed, out=table)
         steps.append((dp, starts, exposed, option))
         dp = np.concatenate([dp[:r], table.min(axis=0)])
     dp = dp[r:]
@@ -399,6 +407,12 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
+
+
+def _windows(a: np.ndarray, r: int) -> np.ndarray:
+    """sliding_window_view(a, r) of a contiguous 1-D array, read-only, without its argument checks (half the cost of
+    a DP step's gather at this size)."""
+    return as_strided(a, shape=(len(a) - r + 1, r), strides=(a.strides[0], a.strides[0]), writeable=False)
 
 
 def _by_units(front: list[Option], base: int, unit: float, r: int
@@ -480,7 +494,7 @@ def policies_of(profile: Profile, models: list[StageModel], chosen: list[list[Op
 
 def plan_for_bounds(profile: Profile, limits: list[int], bounds: list[int], waits: list[float],
                     caches: list[HullCache], exact: bool):
-    models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
+    models = [_model(profile, s, bounds[s], bounds[s + 1], limits[s], waits[s]) for s in range(len(bounds) - 1)]
     solved = [solve_stage(profile, m, caches, exact) for m in models]
     if all(x is None for x in solved):
         return None
@@ -508,7 +522,7 @@ def rank_limits(profile: Profile, bounds: list[int], limit: int, waits: list[flo
         return out
     for r in range(par.pp):
         mine = schedules.chunks_of(par.pp, par.virtual_stages, r)
-        models = [stage_model(profile, c, bounds[c], bounds[c + 1], limit, waits[c]) for c in mine]
+        models = [_model(profile, c, bounds[c], bounds[c + 1], limit, waits[c]) for c in mine]
         counts = schedules.peak_counts(par.schedule, par.pp, par.virtual_stages, r, par.num_microbatches)
         most = [max(1, max(n[i] for n in counts)) for i in range(len(mine))]  # the counts the options' bytes are at
         hulls, levels, owner = [], [], []
@@ -560,7 +574,7 @@ def rank_limits(profile: Profile, bounds: list[int], limit: int, waits: list[flo
 
 def frugal_peaks(profile: Profile, bounds: list[int], cache: HullCache) -> list[int]:
     """Each rank's simulated peak with every layer at its most frugal option (on demand)."""
-    models = [stage_model(profile, c, bounds[c], bounds[c + 1], 0, 0.0) for c in range(len(bounds) - 1)]
+    models = [_model(profile, c, bounds[c], bounds[c + 1], 0, 0.0) for c in range(len(bounds) - 1)]
     chosen = [[_class_options(profile, m, j, cache)[0] for j in range(len(m.slots))] for m in models]
     return [st.peak_memory_bytes for st in _simulate(profile, bounds, policies_of(profile, models, chosen)
                                                      ).predicted.stages]
@@ -581,7 +595,7 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
         # Stages with the same layers, in-flight count and position at the end share one solution.
         key = (flight[s], seq[first][end - first], end == n, first == 0)
         if key not in by_structure:
-            model = stage_model(profile, s, first, end, share_limit(profile, first, end, limit),
+            model = _model(profile, s, first, end, share_limit(profile, first, end, limit),
                                 p2p_wait_s(profile, first, end))
             solved = _greedy(profile, model, cache, fill=False)
             by_structure[key] = float("inf") if solved is None else solved[1]
@@ -603,7 +617,8 @@ def _simulations():
     from the one before in a chunk or two. And each layer's policy for a choice (policies_of)."""
     _SIMULATED.append({})
     try:
-        yield
+        with simulator.reused_backwards():
+            yield
     finally:
         _SIMULATED.pop()
 
@@ -615,7 +630,7 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
     if not _SIMULATED:
         return ev.evaluate(profile, ev.stage_plans(profile, bounds, pols), ideal=False)
     known = _SIMULATED[-1]
-    layers = tuple(tuple(tuple(v) if isinstance(v, list) else v for v in p.__dict__.values()) for p in pols)
+    layers = tuple(_fields(known, p) for p in pols)
     key = (id(profile), tuple(bounds), layers)
     hit = known.get(key)
     if hit is None and limit is not None and ("over", limit, key) in known:
@@ -626,7 +641,10 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
             chunk = ("chunk", id(profile), s, lo, hi, layers[lo:hi])
             got = known.get(chunk)
             if got is None:
-                plan = ev.stage_plans(profile, [lo, hi], pols)[0].model_copy(update={"stage": s})
+                # its layers' policies one by one, not merged into runs as a plan file lists them: the same layer
+                # runs and bytes, without merging's copies (a search's stage plans are read for those only)
+                plan = StagePlan(stage=s, layers=(lo, hi), layer_names=[l.name for l in profile.layers[lo:hi]],
+                                 policies=pols[lo:hi])
                 got = known[chunk] = (profile, plan, simulator.stage_runs(profile, lo, hi, plan.policies))
             chunks.append(got)
         stages, runs = [c[1] for c in chunks], [c[2] for c in chunks]
@@ -640,6 +658,27 @@ def _simulate(profile: Profile, bounds: list[int], pols: list[LayerPolicy], limi
                 return None
         hit = known[key] = (profile, ev.evaluation_of(profile, stages, sim))
     return hit[1]
+
+
+def _fields(known: dict, pol: LayerPolicy) -> tuple:
+    """A policy's fields as a key, found once per policy object within a search (policies_of hands out the same
+    objects for the same choices); the object held keeps its id from being reused."""
+    got = known.get(id(pol))
+    if got is None:
+        got = known[id(pol)] = (pol, tuple(tuple(v) if isinstance(v, list) else v for v in pol.__dict__.values()))
+    return got[1]
+
+
+def _model(profile: Profile, s: int, first: int, end: int, limit: int, wait: float) -> StageModel:
+    """stage_model, made once per search (_simulations) for the same arguments: the splits, regimes and rounds of a
+    search ask for the same stages again (a model is immutable: replace() makes the variants)."""
+    if not _SIMULATED:
+        return stage_model(profile, s, first, end, limit, wait)
+    known, key = _SIMULATED[-1], ("model", id(profile), s, first, end, limit, wait)
+    got = known.get(key)
+    if got is None:  # holding the profile keeps its id from being reused
+        got = known[key] = (profile, stage_model(profile, s, first, end, limit, wait))
+    return got[1]
 
 
 def projected_s(evaluation: ev.Evaluation, num_microbatches: int) -> float:
@@ -683,15 +722,16 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
         stepped = False
         for rank, excess in over.items():  # the rank's chunks share its memory: step down the cheapest of them
             mine = [c for c in range(len(models)) if schedules.rank_of(p, c) == rank]
+            steps = {c: _cheapest_step_down(chosen[c], caches) for c in mine}
             while excess > 0:
-                steps = [(got, c) for c in mine
-                         if (got := _cheapest_step_down(profile, models[c], chosen[c], caches)) is not None]
-                if not steps:
+                live = [(got, c) for c, got in steps.items() if got is not None]
+                if not live:
                     break
-                (_, j, lower), s = max(steps, key=lambda x: x[0][0])
+                (_, j, lower), s = max(live, key=lambda x: x[0][0])
                 excess -= chosen[s][j].mem - lower.mem
                 chosen[s][j] = lower
                 stepped = True
+                steps[s] = _cheapest_step_down(chosen[s], caches)  # the other chunks' stand
         if not stepped:
             return pols, result
     return policies_of(profile, models, chosen), _simulate(profile, bounds, policies_of(profile, models, chosen))
@@ -713,14 +753,14 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     for _ in range(max_sims):
         room = {st.stage: limit - st.peak_memory_bytes for st in cur.predicted.stages}
         best = None  # (exposure saved, chunk, slot, option)
-        for c, model in enumerate(got.models):
+        for c in range(len(got.models)):
             rank = schedules.rank_of(pp, c)
             left = min(room[rank], too_big.get(rank, room[rank] + 1) - 1)
             if left <= 0:
                 continue
             for j, o in enumerate(chosen[c]):
-                frontier = next(f for f in (_class_options(profile, model, j, r) for r in got.regimes) if o in f)
-                for up in frontier[frontier.index(o) + 1:]:
+                frontier, i = _place(o, got.regimes)
+                for up in frontier[i + 1:]:
                     if up.mem - o.mem > left or (c, j, id(up)) in tried:
                         continue
                     # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
@@ -777,13 +817,12 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
     return chosen, pols, cur
 
 
-def _cheapest_step_down(profile: Profile, model: StageModel, opts: list[Option], caches: list[HullCache]):
+def _cheapest_step_down(opts: list[Option], caches: list[HullCache]):
     """(memory freed per second of exposure added, slot, option) of the step down its frontier that frees the most
     memory per second of exposure added."""
     best = None
     for j, o in enumerate(opts):
-        frontier = next(f for f in (_class_options(profile, model, j, c) for c in caches) if o in f)
-        i = frontier.index(o)
+        frontier, i = _place(o, caches)
         if i > 0:
             lower = frontier[i - 1]
             gain = (o.mem - lower.mem) / max(1e-12, lower.exposed_s - o.exposed_s)
@@ -811,7 +850,7 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     """HEU's split and policies, with their full-length evaluation. Keeping everything on Megatron's even split is
     one of HEU's plans too: where it fits and simulates faster, it wins (the stage model can over-count memory, e.g.
     under deferred weight passes, and then recompute for nothing)."""
-    with _simulations():
+    with collector_paused(), _simulations():  # its garbage is freed by refcounts (any cycle: collected after)
         best = _heu_strategy(profile, limit, partition, placements)
     bounds = even_bounds(profile, n_chunks(profile))
     evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
@@ -872,7 +911,7 @@ def _heu_strategy(profile: Profile, limit: int, partition: str, placements: tupl
     if not contenders:  # nothing fits even at the most frugal options: return them, solve() reports the need
         bounds = splits[-1]
         limits = chunk_limits(profile, bounds, limit)
-        models = [stage_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
+        models = [_model(profile, s, bounds[s], bounds[s + 1], limits[s], 0.0) for s in range(p)]
         chosen = [[_class_options(profile, m, j, caches[-1])[0] for j in range(len(m.slots))] for m in models]
         pols = policies_of(profile, models, chosen)
         return bounds, pols, _simulate(profile, bounds, pols)
