@@ -230,14 +230,30 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None, 
             # by at most f
             exact, f = states, max(F_FIRST, f / 4)  # about what the last crowded step needed
             while True:
-                states = {r: _prune(ps, f * total_s, f * total_b) for r, ps in exact.items()}
-                if f >= F_LAST or sum(map(len, states.values())) <= cap:
+                got = _prune_states(exact, f * total_s, f * total_b, None if f >= F_LAST else cap)
+                if got is not None:
+                    states = got
                     break
                 f = min(F_LAST, 2 * f)
             eps += f
         k += 1
     cands = _frontier([_candidate(info, list(keep), list(rec)) for ps in states.values() for *_, keep, rec in ps])
     return cands, math.ceil(eps * 1e4) / 1e4  # rounded up: the bound stays true
+
+
+def _prune_states(states: dict, tol_s: float, tol_b: float, cap: int | None) -> dict | None:
+    """Every state's partial policies pruned within the tolerances; None as soon as more than `cap` survive (the
+    caller then tries a larger tolerance and would throw these away). The lists are _step's: each already sorted by
+    cost and unique, as _prune leaves them (a shifted pruned list keeps its order), so they are only swept."""
+    out: dict = {}
+    n = 0
+    for r, ps in states.items():
+        kept = _sweep_partials(ps, tol_s, tol_b, None if cap is None else cap - n)
+        n += len(kept)
+        if cap is not None and n > cap:
+            return None
+        out[r] = kept
+    return out
 
 
 def _work_exceeds(info: policy.BlockInfo, ops: list, k: int, states: dict, budget: int, units: set, keepable: set,
@@ -370,9 +386,9 @@ def _stair_insert(xs: list, ys: list, i: int, s: float, b: float) -> None:
         ys[i:j] = [b]
 
 
-def _sweep_partials(items: list, tol_s: float, tol_b: float) -> list:
+def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = None) -> list:
     """_sweep on partial policies ((kept, seconds, bytes, replays, ...), sorted), its lookups inlined: it runs for every
-    state of every step of a block's search."""
+    state of every step of a block's search. `room`: stop once more than that many are kept (the caller drops them)."""
     fx: list = []  # the staircase of those replaying nothing: seconds ascending, bytes descending
     fy: list = []
     mixed = any(p[3] for p in items)
@@ -386,6 +402,8 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float) -> list:
         if i and ys[i - 1] <= b + tol_b:
             continue
         out.append(item)
+        if room is not None and len(out) > room:
+            return out
         if tol_s:
             i = bisect_right(xs, s)
         _stair_insert(xs, ys, i, s, b)  # not dominated: no point of its staircase at or left of s is as good
