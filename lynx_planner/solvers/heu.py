@@ -145,12 +145,12 @@ def _options(model: StageModel, slot, placed: Placed, pool_price: float | None =
     near = order[e_sorted <= before * (1 + 1e-9) + 1e-12]
     frontier: list[Option] = []
     names = placed.placements
-    for m, x, i, w in zip(mem[near].tolist(), e[near].tolist(), cand[near].tolist(), at[near].tolist()):
-        c = a.cands[i]
-        if not frontier or x < frontier[-1].exposed_s - 1e-15 or (
-                x <= frontier[-1].exposed_s + 1e-15 and c.rec_s < frontier[-1].cand.rec_s):
-            frontier.append(Option(c, names[w] if w >= 0 else "pool", m, min(x, frontier[-1].exposed_s)
-                                   if frontier else x))
+    last_e = last_r = 0.0  # the last option's exposure and its candidate's recomputation seconds (read as floats)
+    for m, x, r, i, w in zip(mem[near].tolist(), e[near].tolist(), rec_s[near].tolist(), cand[near].tolist(),
+                             at[near].tolist()):
+        if not frontier or x < last_e - 1e-15 or (x <= last_e + 1e-15 and r < last_r):
+            last_e, last_r = min(x, last_e) if frontier else x, r
+            frontier.append(Option(a.cands[i], names[w] if w >= 0 else "pool", m, last_e))
     return frontier
 
 
