@@ -256,6 +256,11 @@ def fsdp_thread_cpu(world: int, sizes: list[int], dtype: torch.dtype, m: int, re
     return statistics.median(f for f, _ in extra), statistics.median(b for _, b in extra)
 
 
+def _four_digits(pair: tuple[float, float]) -> list[float]:
+    """A measured line written with four significant digits (as the other terms): the profile's bytes stay stable."""
+    return [float(f"{x:.4g}") for x in pair]
+
+
 def line(x0: float, y0: float, x1: float, y1: float) -> tuple[float, float]:
     """(intercept, slope) of the line through two measured points (x0 < x1), each clamped at zero (a negative one is
     noise: no part of a collective or a unit's work takes negative time)."""
@@ -381,13 +386,10 @@ def measure(par: ParallelConfig, *, model: torch.nn.Module, inputs: tuple, bound
         mp.spawn(_fsdp_worker, args=(world, _free_port(), nbytes, list(unit_tensors or [unit_params]), dtype,
                                      par.num_microbatches, threads, repeats, out_dir), nprocs=world, join=True)
         rates = json.loads(Path(out_dir, "fsdp.json").read_text())
-    def digits(pair):
-        return [float(f"{x:.4g}") for x in pair]
-
     return LocalRuntime(cores=cores, ranks=world, comm_cpu_share=share,
                         all_gather_cpu_s_per_byte=float(f"{rates['all_gather']:.4g}"),
                         reduce_scatter_cpu_s_per_byte=float(f"{rates['reduce_scatter']:.4g}"),
-                        all_gather_wall=digits(rates["all_gather_wall"]),
-                        reduce_scatter_wall=digits(rates["reduce_scatter_wall"]),
-                        fsdp_forward=digits(rates["forward"]), fsdp_backward=digits(rates["backward"]),
+                        all_gather_wall=_four_digits(rates["all_gather_wall"]),
+                        reduce_scatter_wall=_four_digits(rates["reduce_scatter_wall"]),
+                        fsdp_forward=_four_digits(rates["forward"]), fsdp_backward=_four_digits(rates["backward"]),
                         compute_slowdown=slower)
