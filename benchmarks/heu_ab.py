@@ -7,7 +7,7 @@ median of REPEATS per tree, and whether both found the same iteration time, per 
 16.1875 GiB (`13b`), the same halfway between full recomputation and none (`13b-half`), and the catalog layouts of
 benchmarks/heu_scaling.py (CATALOG) halfway.
 
-    python benchmarks/heu_ab.py --base /work/main [--cases 13b,llama3-405b] [--repeats 6]
+    python benchmarks/heu_ab.py --base ../lynx-planner-before [--cases 13b,llama3-405b] [--repeats 6]
 """
 
 from __future__ import annotations
