@@ -7,10 +7,13 @@
 2. Overlap: a bf16 GEMM loop alone, a 1 GiB device-to-host copy alone, then both at once (the copy on its own stream):
    overlap = (GEMMs + copy - both) / the shorter of the two (1: the copy hides entirely behind the GEMMs).
 3. A small Llama (examples/hf_llama.py, bf16) profiled by measurement on this GPU, with the host link just measured;
-   plans none, full, heu-offload, opt-offload and full-offload under a memory limit 40% of the way from full recomputation's peak
-   to none's; each applied with lynx_planner.apply_plan and run for real (micro-batches forward and backward, no
+   plans none, full, heu, heu-offload, opt-offload and full-offload under a memory limit 40% of the way from full
+   recomputation's peak to none's; each applied with lynx_planner.apply_plan and run for real (micro-batches forward and backward, no
    optimizer step, as the simulated iteration without optimizer_step): predicted vs measured iteration time, and the
-   plan's peak (static + activations) vs torch.cuda.max_memory_allocated.
+   plan's activation peak vs the step's (torch.cuda.max_memory_allocated over what was allocated when the step began:
+   parameters and gradients; the check runs no optimizer, so the plan's static bytes are printed apart). The same
+   model profiled analytically on the catalog H100 (no measurement) gives a second prediction of none's and full's
+   iteration: the analytic cost model against this GPU.
 Runs in about 2-4 minutes on an H100 at the defaults. On a machine without CUDA it prints why and exits 2
 (`--smoke-cpu` runs step 3 alone on the CPU with host-to-host copies and the H100's catalog link: a test of the
 script's code paths whose figures mean nothing; give it small sizes: `--smoke-cpu --layers 2 --hidden 256 --seq-len
@@ -20,6 +23,7 @@ script's code paths whose figures mean nothing; give it small sizes: `--smoke-cp
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import time
@@ -117,16 +121,21 @@ def plans(args, measured: dict, device: str = "cuda") -> None:
     print(f"model: Llama, {args.layers} layers, hidden {args.hidden}, {args.batch} x {args.seq_len} tokens, "
           f"{args.microbatches} micro-batches; memory limit {limit / 2**30:.2f} GiB (full {full / 2**30:.2f}, "
           f"none {none / 2**30:.2f})")
-    print(f"{'plan':<14}{'predicted s':>12}{'measured s':>12}{'pred GiB':>10}{'meas GiB':>10}{'offl MiB/mb':>12}"
+    print(f"{'plan':<14}{'predicted s':>12}{'measured s':>12}{'pred act GiB':>13}{'meas act GiB':>13}"
+          f"{'meas static':>12}{'offl MiB/mb':>12}"
           f"{'sent MiB/mb':>12}{'stall ms':>10}")
-    for algo in ("none", "full", "heu-offload", "opt-offload", "full-offload"):
-        limited = algo in ("heu-offload", "opt-offload")
+    for algo in ("none", "full", "heu", "heu-offload", "opt-offload", "full-offload"):
+        limited = algo in ("heu", "heu-offload", "opt-offload")
         try:
             plan = solvers.plan(profile, "profile.json", sha, algo, limit if limited else 1 << 60, time_limit=20.0)
         except solvers.Infeasible as e:
             print(f"{algo:<14} {e}")
             continue
         write_atomic(out / f"{algo}.json", dumps(plan))
+        gc.collect()  # the last plan's model and hooks hold each other: free them before this one's peak counts
+        if cuda:
+            torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated() if cuda else 0
         model, (tokens,) = load_model_file(str(MODEL), device=device, dtype="bf16", **overrides)
         model.train()
         apply_plan(model, plan)
@@ -146,6 +155,7 @@ def plans(args, measured: dict, device: str = "cuda") -> None:
 
         step()  # warm-up: records each layer's program
         sync()
+        start = torch.cuda.memory_allocated() if cuda else 0  # parameters and their gradients
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         times = []
@@ -159,16 +169,22 @@ def plans(args, measured: dict, device: str = "cuda") -> None:
                     step()
             sync()
             times.append(time.perf_counter() - t0)
-        measured_peak = torch.cuda.max_memory_allocated() if cuda else probe.peak
+        measured_act = torch.cuda.max_memory_allocated() - start if cuda else probe.peak
         steps = (args.repeats + 1) * args.microbatches
         sent = runtime.offloader.sent_bytes / steps if runtime is not None else 0.0  # what the runtime copied out
         st = plan.predicted.stages[0]
         print(f"{algo:<14}{plan.predicted.iteration_time_s:>12.4f}{sorted(times)[len(times) // 2]:>12.4f}"
-              f"{st.peak_memory_bytes / 2**30:>10.2f}{measured_peak / 2**30:>10.2f}"
+              f"{(st.peak_memory_bytes - st.static_bytes) / 2**30:>13.2f}{measured_act / 2**30:>13.2f}"
+              f"{(start - base) / 2**30:>12.2f}"
               f"{st.offloaded_bytes / 2**20:>12.1f}{sent / 2**20:>12.1f}{st.offload_stall_s * 1e3:>10.1f}")
-        del model, batches
-        if cuda:
-            torch.cuda.empty_cache()
+        del model, batches, runtime
+    print(f"predicted static bytes (parameters, gradients, optimizer states): {st.static_bytes / 2**30:.2f} GiB")
+    analytic = profile_model_file(str(MODEL), parallel=par, hardware=HARDWARE["h100-80g-nvlink"], method="analytic",
+                                  device=device, dtype="bf16", overrides=overrides, progress=False)
+    for algo in ("none", "full"):
+        got = solvers.solve(analytic, algo, 1 << 60).evaluation
+        print(f"analytic profile (catalog h100-80g-nvlink), {algo}: predicted {got.predicted.iteration_time_s:.4f} s, "
+              f"peak {got.peak_bytes / 2**30:.2f} GiB")
     print(f"(plans and profile in {out})")
 
 

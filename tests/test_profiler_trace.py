@@ -80,3 +80,20 @@ def test_policies_work_on_traced_block():
     assert full.recompute_s > 0 and kept.recompute_s == 0
     sel = policy.selective_keep(info)
     assert policy.validate(info, sorted(sel), list(policy.closure(info, sel))) is None
+
+
+def test_attention_flops_count_grouped_query_heads_as_the_kernel_runs_them():
+    """Torch before 2.13 asserts on grouped-query shapes (profiling a GQA model on an H100 with torch 2.11 stopped
+    there): lynx's formulas count every kernel's attention with the key/value heads broadcast to the query's."""
+    from lynx_planner.profiler.tracing import SDPA_FLOPS
+
+    b, hq, hkv, s, d = 2, 8, 2, 64, 16
+    q, kv = (b, hq, s, d), (b, hkv, s, d)
+    forward = 2 * (2 * b * hq * s * d * s)  # q kᵀ and p v, non-causal
+    kernels = {str(op) for op in SDPA_FLOPS}
+    assert "aten._scaled_dot_product_flash_attention" in kernels  # the CUDA kernel, not only the CPU one
+    for op, formula in SDPA_FLOPS.items():
+        if str(op).endswith("_backward"):
+            assert formula(q, q, kv, kv) == 5 * forward // 2  # q kᵀ again, then dv, dp, dq, dk: five of the two GEMMs
+        else:
+            assert formula(q, kv, kv) == forward

@@ -125,6 +125,41 @@ def test_applying_twice_is_refused():
         lynx_planner.apply_plan(model, plan)
 
 
+def test_a_planned_model_is_freed_when_dropped():
+    """The runtime's registry holds neither the model nor its runtime: a planned model dropped after training is
+    collected with its parameters and gradients (each planned model leaked, seen on an H100 as GiB per model)."""
+    import gc
+    import weakref
+
+    model = copy.deepcopy(BASE)
+    lynx_planner.apply_plan(model, plan_from_policies(PROFILE, [PLANS["selective"]]))
+    model(inputs(1)[0]).float().pow(2).sum().backward()
+    dropped, runtime = weakref.ref(model), weakref.ref(runtime_of(model))
+    del model
+    gc.collect()
+    assert dropped() is None and runtime() is None
+
+
+def test_the_recording_step_leaves_no_cycle_holding_activations():
+    """The first forward of a planned layer records its program; nothing of it may wait for Python's cyclic
+    collector (a recorder <-> pack-hook cycle held every kept tensor after backward: 1.1 GiB on an H100). With the
+    collector off, only the gradients outlive the step."""
+    import gc
+
+    model = copy.deepcopy(BASE)
+    lynx_planner.apply_plan(model, plan_from_policies(PROFILE, [PLANS["selective"]]))
+    x = inputs(1)[0]
+    gc.collect()
+    gc.disable()
+    try:
+        with LiveBytes() as probe:
+            model(x).float().pow(2).sum().backward()
+        grads = [p.grad for p in model.parameters()] + [x.grad]
+        assert probe.live == probe.bytes_of(grads) > 0
+    finally:
+        gc.enable()
+
+
 def test_unknown_op_id_fails_at_first_forward():
     plan = plan_from_policies(PROFILE, [PLANS["selective"]])
     plan.stages[0].policies[1].keep.append("mlp.fc3:addmm#0")

@@ -19,14 +19,31 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from ..schema import BLOCK_INPUT, Block, Op
 from .recorder import GEMM, Cost, OpRecord, OpRecorder, is_attention_kernel, storage_key, tensor_bytes, tensors_in
 
-# FlopCounterMode has no formula for the CPU flash-attention kernels; keyed by OpOverloadPacket (it ignores
-# overloads). Like the CUDA formulas these count non-causal attention; the roofline halves causal attention.
-CPU_SDPA_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
-        lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v),
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        lambda go, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(go, q, k, v),
-}
+
+def _query_heads(query, key, value):
+    """Key/value shapes with the query's head count: grouped-query attention broadcasts its key/value heads, and
+    torch before 2.13 rejects the grouped shapes in its attention formulas (an AssertionError mid-profile)."""
+    def widened(shape):
+        return (*shape[:1], query[1], *shape[2:])
+    return query, widened(key), widened(value)
+
+
+def _forward(q, k, v, *a, out_shape=None, **kw):
+    return sdpa_flop_count(*_query_heads(q, k, v))
+
+
+def _backward(go, q, k, v, *a, out_shape=None, **kw):
+    return sdpa_backward_flop_count(go, *_query_heads(q, k, v))
+
+
+# Keyed by OpOverloadPacket (FlopCounterMode ignores overloads). FlopCounterMode has no formula for the CPU
+# flash-attention kernels, and before torch 2.13 none for grouped-query attention on any device. Like torch's, these
+# count non-causal attention; the roofline halves causal attention.
+_KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention")
+SDPA_FLOPS = {op: formula for name in _KERNELS for op, formula in (
+    (getattr(torch.ops.aten, name, None), _forward), (getattr(torch.ops.aten, name + "_backward", None), _backward))
+    if op is not None}  # an older torch lacks some kernels
 
 CORE_ATTN = "core_attn"
 _BATCHED_GEMMS = ("bmm", "baddbmm", "matmul")
@@ -107,7 +124,7 @@ def run_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, timed: bool
     with contextlib.ExitStack() as stack:
         if fake is not None:
             stack.enter_context(fake)
-        flops = None if timed else stack.enter_context(FlopCounterMode(display=False, custom_mapping=CPU_SDPA_FLOPS))
+        flops = None if timed else stack.enter_context(FlopCounterMode(display=False, custom_mapping=SDPA_FLOPS))
         rec = OpRecorder(module, first, others, flop_counter=flops, timed=timed)
         # The pack hook finds saved tensors for the trace, but `packed` holds them alive through the backward, which
         # then cannot free and reuse their memory: in timed runs the backward kernels would write to fresh, cold

@@ -40,7 +40,14 @@ _PLACEHOLDER_PREFIX = "tp_"
 
 _LOG_LENGTH = 4096
 
-_RUNTIME_OF_LAYER: weakref.WeakKeyDictionary[nn.Module, LynxRuntime] = weakref.WeakKeyDictionary()
+# Weak both ways: a layer's wrapped forward holds its runtime, and a runtime held here strongly would hold its layers,
+# the keys, alive for ever (every planned model leaked, measured on an H100 as a previous model's GiB).
+_RUNTIME_OF_LAYER: weakref.WeakKeyDictionary[nn.Module, weakref.ref[LynxRuntime]] = weakref.WeakKeyDictionary()
+
+
+def _runtime_of_layer(module: nn.Module) -> LynxRuntime | None:
+    ref = _RUNTIME_OF_LAYER.get(module)
+    return ref() if ref is not None else None
 
 
 @dataclass
@@ -271,10 +278,11 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
               for i, (name, path, p) in enumerate(zip(stage_plan.layer_names, paths, policies)) if path is not None]
     modules = resolve_layers(module, stage_plan.stage, [path for _, _, path, _ in chosen])
     for (_, _, path, _), layer_module in zip(chosen, modules):
-        if layer_module in _RUNTIME_OF_LAYER:
+        applied = _runtime_of_layer(layer_module)
+        if applied is not None:
             raise PlanMismatchError(f"a plan is already applied to layer {path!r}" + (
                 " (a module used at several places: keep all its uses in one pipeline stage)"
-                if _RUNTIME_OF_LAYER[layer_module].stage != stage_plan.stage else ""))
+                if applied.stage != stage_plan.stage else ""))
     check_uses(stage_plan.stage, [path for _, _, path, _ in chosen], modules)
     layers = [_layer(index, path, m, host.translated(p, layer_policy(p, m, name, path)), top=k == len(modules) - 1)
               for k, ((index, name, path, p), m) in enumerate(zip(chosen, modules))]
@@ -286,7 +294,7 @@ def apply_plan(module: nn.Module, plan: Plan | str | Path, stage: int | None = N
     runtime.precision = (plan.dtype, plan.autocast) if plan.dtype is not None else None
     runtime.compiled_plan = plan.compiled
     for layer in layers:
-        _RUNTIME_OF_LAYER[layer.module] = runtime
+        _RUNTIME_OF_LAYER[layer.module] = weakref.ref(runtime)
     return module
 
 
@@ -349,7 +357,7 @@ def check_autocast(expected: str | None, path: str, module: nn.Module) -> None:
 
 def runtime_of(module: nn.Module) -> LynxRuntime:
     """The runtime of the plan applied to (layers inside) `module`."""
-    found = {id(r): r for m in module.modules() if (r := _RUNTIME_OF_LAYER.get(m)) is not None}
+    found = {id(r): r for m in module.modules() if (r := _runtime_of_layer(m)) is not None}
     if len(found) != 1:
         raise PlanMismatchError("no plan is applied to this module" if not found else
                                 f"{len(found)} plans are applied inside this module: pass one stage's module")
