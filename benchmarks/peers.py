@@ -270,21 +270,31 @@ def run(args: argparse.Namespace) -> tuple[list, str]:
         torch.set_num_threads(threads)
 
 
+def measured_profiles(args: argparse.Namespace) -> dict:
+    """The model's eager (False) and compiled (True) profiles, measured in this thread."""
+    overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
+    return {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],
+                                  method="measure", threads=1, repeats=args.repeats, overrides=overrides,
+                                  progress=False, warn=lambda m: print(f"warning: {m}"), compile=c,
+                                  compile_backend=args.backend)
+            for c in (False, True)}
+
+
+def peaks_of(profiles: dict) -> list[int]:
+    """The eager profile's peaks of full and of no recomputation: the budgets lie between them."""
+    return [solvers.plan(profiles[False], "p.json", "0" * 64, a, 1 << 62).predicted.stages[0].peak_memory_bytes
+            for a in ("full", "none")]
+
+
 def _run(args: argparse.Namespace) -> tuple[list, str]:
     load = os.getloadavg()
-    overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
-    profiles = {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],
-                                      method="measure", threads=1, repeats=args.repeats, overrides=overrides,
-                                      progress=False, warn=lambda m: print(f"warning: {m}"), compile=c,
-                                      compile_backend=args.backend)
-                for c in (False, True)}
+    profiles = measured_profiles(args)
     from peers_llama import lynx_model
 
     base, inputs = lynx_model(**{"seq_len": args.seq_len, "hidden": args.hidden, "layers": args.layers})
     example[:] = inputs
     n = args.layers
-    peaks = [solvers.plan(profiles[False], "p.json", "0" * 64, a, 1 << 62).predicted.stages[0].peak_memory_bytes
-             for a in ("full", "none")]
+    peaks = peaks_of(profiles)
     fractions = [(i + 1) / (args.budgets + 1) for i in range(args.budgets)]
     try:
         importlib.import_module("torch.distributed._tools.sac_ilp")

@@ -110,3 +110,24 @@ def test_a_compiled_plan_recomputing_nothing_runs_plain_compiles_program():
     assert programs["plain"] and len(programs["plain"]) == 4  # the layer's and the final norm's forward and backward
     assert programs["plain again"] == programs["none plan"] == programs["plain"]
     assert programs["budget 0"] != programs["plain"]
+
+
+def test_peers_layers_smoke_run():
+    """benchmarks/peers_layers.py run tiny (aot_eager, one build, 2 rounds): lynx's plan, plain compile and the
+    partitioner around lynx's kept bytes, one compiled layer of each timed."""
+    import peers_layers
+
+    torch._dynamo.reset()
+    args = peers_layers.parse(["--layers", "2", "--hidden", "64", "--seq-len", "32", "--rounds", "2", "--builds", "1",
+                               "--layer", "1", "--repeats", "1", "--backend", "aot_eager"])
+    threads = torch.get_num_threads()
+    try:
+        text = peers_layers.run(args)
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    rows = [line.split() for line in text.splitlines()[2:]]  # from the right: kept MiB, ms, ratio, spread
+    assert [" ".join(r[:-6]) for r in rows[:2]] == ["lynx-compiled", "plain compile"]
+    assert all(" ".join(r[:-6]).startswith("budget ") for r in rows[2:]) and len(rows) >= 3
+    assert rows[0][-2] == "1.000" and all(float(r[-3]) > 0 for r in rows)  # lynx's own ratio; every layer timed
+    assert float(rows[1][-4]) >= float(rows[0][-4])  # plain compile keeps at least lynx's bytes
