@@ -9,8 +9,7 @@ the same weights, every decoder layer and the final norm compiled on its own (to
 lynx eager's:
 
   lynx-twin      the same plan as lynx-compiled, built and compiled again: two builds of one program time a few
-                 percent apart (memory layout), and more rounds do not average that away; the widest gap over the
-                 budgets is the table's resolution, and a peer faster than lynx-compiled by no more is a tie
+                 percent apart (memory layout), and more rounds do not average that away
   lynx-eager     HEU's plan of the eager profile (`lynx profile --method measure`), applied eagerly
   lynx-compiled  HEU's plan of the compiled profile (`lynx profile --method measure --compile`), applied compiled
   budget         torch.compile's own partitioner at `torch._functorch.config.activation_memory_budget` = r
@@ -29,17 +28,27 @@ number of layers under each policy) is the one with the fewest kept bytes at or 
 each peer holds at least lynx's memory, never less. Then `--rounds` interleaved rounds (the peers' order rotated each
 round) time one step of each in this thread's CPU time; each peer's time is divided by lynx-compiled's of the same
 round, and the table gives those paired ratios' median and spread (25th-75th percentile), with the machine's load.
+
+Programs: each peer's program is the code inductor generates for its compiled graphs (recorded as they compile, or
+load from compile's caches, at the build's first step; with another backend none is recorded). Peers of one program
+run the same kernels: the table letters them alike (column 'prog'), and a partitioner peer of lynx-compiled's program
+meets the comparison by construction (it is lynx's program). The widest gap between two peers of one program over the
+budgets (lynx-twin and lynx-compiled always; e.g. the budget of 1.0, block with no full layers and a plan recomputing
+nothing are plain compile's program) is the table's resolution: a peer faster than lynx-compiled by no more is a tie.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import hashlib
 import importlib
 import os
 import statistics
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +96,32 @@ def torchtitan_wrappers() -> dict:
             "full": lambda m, fqn: full._wrap_block(m, base_fqn=fqn)}
 
 
+# The program each built model runs: digests of the generated code of its compiled graphs, sorted (build()).
+PROGRAM: weakref.WeakKeyDictionary[nn.Module, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def programs(found: list[str]):
+    """Records a digest of the code inductor generates for each graph compiled, or loaded from compile's caches,
+    inside: two models whose records match (as sets: a fresh compile compiles a backward when it first runs, a cached
+    one loads it with its forward) run the same kernels. The code's 'AOT ID' header, a count of the process's
+    compilations, is left out."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    post_compile = CompiledFxGraph.post_compile
+
+    def recording(self, *args, **kwargs):
+        code = "\n".join(line for line in self.source_code.splitlines() if not line.startswith("# AOT ID"))
+        found.append(hashlib.sha256(code.encode()).hexdigest()[:16])
+        return post_compile(self, *args, **kwargs)
+
+    CompiledFxGraph.post_compile = recording
+    try:
+        yield found
+    finally:
+        CompiledFxGraph.post_compile = post_compile
+
+
 @dataclass
 class Peer:
     name: str
@@ -95,6 +130,11 @@ class Peer:
     kept: int
     eager: bool = False
     times: list[float] = field(default_factory=list)
+    program: tuple[str, ...] | None = None  # None: not recorded (eager, or a backend without inductor's code)
+
+    def __post_init__(self):
+        if self.program is None and not self.eager:
+            self.program = PROGRAM.get(self.model)
 
 
 def build(base: nn.Module, backend: str, *, plan=None, compiled: bool = True, budget: float | None = None,
@@ -114,8 +154,11 @@ def build(base: nn.Module, backend: str, *, plan=None, compiled: bool = True, bu
     if compiled:  # the final norm too: the compiled profile prices it compiled, and lynx's plans recompute in it
         model.model.norm = Compiled(model.model.norm, backend)
     if compiled:
-        with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget):
+        with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget), \
+                programs([]) as found:
             step(model, example[0])
+        if found:
+            PROGRAM[model] = tuple(sorted(found))
     return model
 
 
@@ -227,21 +270,31 @@ def run(args: argparse.Namespace) -> tuple[list, str]:
         torch.set_num_threads(threads)
 
 
+def measured_profiles(args: argparse.Namespace) -> dict:
+    """The model's eager (False) and compiled (True) profiles, measured in this thread."""
+    overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
+    return {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],
+                                  method="measure", threads=1, repeats=args.repeats, overrides=overrides,
+                                  progress=False, warn=lambda m: print(f"warning: {m}"), compile=c,
+                                  compile_backend=args.backend)
+            for c in (False, True)}
+
+
+def peaks_of(profiles: dict) -> list[int]:
+    """The eager profile's peaks of full and of no recomputation: the budgets lie between them."""
+    return [solvers.plan(profiles[False], "p.json", "0" * 64, a, 1 << 62).predicted.stages[0].peak_memory_bytes
+            for a in ("full", "none")]
+
+
 def _run(args: argparse.Namespace) -> tuple[list, str]:
     load = os.getloadavg()
-    overrides = {"layers": args.layers, "hidden": args.hidden, "seq_len": args.seq_len}
-    profiles = {c: profile_model_file(MODEL, parallel=ParallelConfig(), hardware=HARDWARE["a100-80g-nvlink"],
-                                      method="measure", threads=1, repeats=args.repeats, overrides=overrides,
-                                      progress=False, warn=lambda m: print(f"warning: {m}"), compile=c,
-                                      compile_backend=args.backend)
-                for c in (False, True)}
+    profiles = measured_profiles(args)
     from peers_llama import lynx_model
 
     base, inputs = lynx_model(**{"seq_len": args.seq_len, "hidden": args.hidden, "layers": args.layers})
     example[:] = inputs
     n = args.layers
-    peaks = [solvers.plan(profiles[False], "p.json", "0" * 64, a, 1 << 62).predicted.stages[0].peak_memory_bytes
-             for a in ("full", "none")]
+    peaks = peaks_of(profiles)
     fractions = [(i + 1) / (args.budgets + 1) for i in range(args.budgets)]
     try:
         importlib.import_module("torch.distributed._tools.sac_ilp")
@@ -253,6 +306,7 @@ def _run(args: argparse.Namespace) -> tuple[list, str]:
     for fraction in fractions:
         limit = int(peaks[0] + fraction * (peaks[1] - peaks[0]))
         plans = {c: solvers.plan(profiles[c], "p.json", "0" * 64, "heu", limit, compiled=c) for c in (False, True)}
+        progress(f"budget {fraction:.2f}: lynx-compiled's plan: {plan_layers(plans[True])}")
         ref_model = build(base, args.backend, plan=plans[True])
         ref = Peer(REFERENCE, "HEU, compiled profile", ref_model, kept_bytes(ref_model, inputs[0], eager=False))
         eager_model = build(base, args.backend, plan=plans[False], compiled=False)
@@ -285,26 +339,37 @@ def _run(args: argparse.Namespace) -> tuple[list, str]:
 example: list[torch.Tensor] = []
 
 
+def plan_layers(plan) -> str:
+    """The plan's decoder layers, run by run: mode, and for selective layers what they recompute."""
+    stage = plan.stages[0]
+    runs = []
+    for p in stage.policies:
+        if p.block != "LlamaDecoderLayer":
+            continue
+        names = stage.layer_names[p.layers[0] - stage.layers[0]:p.layers[1] - stage.layers[0]]
+        what = f"recompute {', '.join(p.recompute)}" if p.mode == "selective" else p.mode
+        runs.append(f"{names[0]}-{names[-1].rsplit('.', 1)[-1]} {what}")
+    return "; ".join(runs)
+
+
 def table(rows, args, load_before, load_after, ilp: str) -> str:
     lines = [f"peers: HF Llama {args.layers} layers, hidden {args.hidden}, seq {args.seq_len}, GQA 8/2, SwiGLU, fp32, "
              f"1 thread, {args.backend}, {args.rounds} interleaved rounds; load average {load_before[0]:.2f} before, "
              f"{load_after[0]:.2f} after ({os.cpu_count()} CPUs)",
-             f"{'budget':>6}  {'peer':<15} {'knob':<34} {'kept MiB':>9} {'step ms':>8} {'÷ lynx-compiled':>16} "
-             f"{'spread':>13}"]
-    # The benchmark's resolution: how far apart two builds of one program time (lynx-twin), the widest over budgets.
-    # A copy's memory layout moves its step time by a few percent that more rounds do not average away.
-    resolution = max(abs(quartiles(ratios(next(p for p in peers if p.name == TWIN), ref_of(peers)))[1] - 1)
-                     for _, _, peers in rows)
+             f"{'budget':>6}  {'peer':<15} {'knob':<34} {'prog':>4} {'kept MiB':>9} {'step ms':>8} "
+             f"{'÷ lynx-compiled':>16} {'spread':>13}"]
+    widest, where = resolution(rows)
     verdicts = []
     for fraction, _, peers in rows:
         ref = ref_of(peers)
+        marks = program_letters(peers)
         for p in peers:
             q1, med, q3 = quartiles(ratios(p, ref))
-            lines.append(f"{fraction:>6.2f}  {p.name:<15} {p.knob:<34} {p.kept / 2**20:>9.2f} "
+            lines.append(f"{fraction:>6.2f}  {p.name:<15} {p.knob:<34} {marks[p.name]:>4} {p.kept / 2**20:>9.2f} "
                          f"{statistics.median(p.times) * 1e3:>8.1f} {med:>16.3f} {f'{q1:.3f}-{q3:.3f}':>13}")
         budget = next(p for p in peers if p.name == "budget")
         med = quartiles(ratios(budget, ref))[1]
-        verdicts.append(f"{fraction:.2f}: {verdict(med, ref.kept <= budget.kept, resolution)} "
+        verdicts.append(f"{fraction:.2f}: {verdict(med, ref.kept <= budget.kept, widest, same_program(budget, ref))} "
                         f"(budget ÷ lynx-compiled {med:.3f}, kept {budget.kept / 2**20:.2f} vs "
                         f"{ref.kept / 2**20:.2f} MiB)")
         below = next((p for p in peers if p.name == "budget-below"), None)
@@ -313,8 +378,8 @@ def table(rows, args, load_before, load_after, ilp: str) -> str:
                              f"{quartiles(ratios(below, ref))[1]:.3f}")
     lines.append(f"sac-ilp: {ilp}")
     lines.append("budget: fraction of the way from full to no recomputation's peak; ratio > 1: slower than "
-                 "lynx-compiled")
-    lines.append(f"resolution: two builds of one program (lynx-twin) time up to {resolution:.3f} apart")
+                 "lynx-compiled; prog: peers of one letter run the same generated code ('-': not recorded)")
+    lines.append(f"resolution: two builds of one program time up to {widest:.3f} apart ({where})")
     lines.append("lynx-compiled at least as fast as the budget partitioner at equal or lower kept bytes: "
                  + "; ".join(verdicts))
     return "\n".join(lines)
@@ -324,11 +389,45 @@ def ref_of(peers: list[Peer]) -> Peer:
     return next(p for p in peers if p.name == REFERENCE)
 
 
-def verdict(ratio: float, no_more_memory: bool, resolution: float) -> str:
-    """'met' (the partitioner's step is no faster), 'tie' (faster by no more than two builds of one program differ),
-    'not met' (faster beyond that, or lynx keeps more)."""
+def same_program(p: Peer, q: Peer) -> bool:
+    """p and q run the same generated code (lynx-compiled and its twin by construction, recorded or not)."""
+    if {p.name, q.name} == {REFERENCE, TWIN}:
+        return True
+    return p.program is not None and p.program == q.program
+
+
+def program_letters(peers: list[Peer]) -> dict[str, str]:
+    """Each peer's program as a letter, alike for peers of one program, in the table's order ('-': not recorded)."""
+    letters: list[Peer] = []
+    out = {}
+    for p in peers:
+        first = next((i for i, q in enumerate(letters) if same_program(p, q)), None)
+        if first is None and (p.program is not None or p.name in (REFERENCE, TWIN)):
+            letters.append(p)
+            first = len(letters) - 1
+        out[p.name] = "-" if first is None else chr(ord("A") + first)
+    return out
+
+
+def resolution(rows) -> tuple[float, str]:
+    """The widest gap (paired median ratio's distance from 1) between two peers of one program over the budgets, and
+    which: a copy's memory layout moves its step time by a few percent that more rounds do not average away."""
+    gaps = []
+    for fraction, _, peers in rows:
+        for i, p in enumerate(peers):
+            for q in peers[i + 1:]:
+                if same_program(p, q):
+                    gaps.append((abs(quartiles(ratios(q, p))[1] - 1), f"{q.name} ÷ {p.name} at {fraction:.2f}"))
+    return max(gaps)
+
+
+def verdict(ratio: float, no_more_memory: bool, resolution: float, same: bool = False) -> str:
+    """'met' (the partitioner's step is no faster, or it runs lynx-compiled's own program), 'tie' (faster by no more
+    than two builds of one program differ), 'not met' (faster beyond that, or lynx keeps more)."""
     if not no_more_memory:
         return "not met"
+    if same:
+        return "met: the same program"
     return "met" if ratio >= 1.0 else "tie within the resolution" if ratio >= 1.0 - resolution else "not met"
 
 
