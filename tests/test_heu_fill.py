@@ -112,3 +112,68 @@ def test_fill_spends_at_most_its_idle_steps_where_nothing_pays(monkeypatch):
     assert len(fills[0]["trials"]) == idle
     assert fills[0]["trials"] == unbounded[0]["trials"][:idle]
     assert fills[0]["end"].predicted.iteration_time_s == unbounded[0]["end"].predicted.iteration_time_s
+
+
+def _trace_on_demand(monkeypatch, prof: Profile, limit: int, partition: str) -> list[dict]:
+    """Per on-demand re-solve of the search: its trials as (ranks whose policies changed, 'over' | 'faster' | 'not')
+    and its start and end evaluations."""
+    calls: list[dict] = []
+    _, real_odr, real_sim = REAL
+    state: dict = {"call": None}
+
+    def sim(profile, bounds, pols, lim=None):
+        got = real_sim(profile, bounds, pols, lim)
+        call = state["call"]
+        if call is not None:
+            cur_pols, cur = call["cur"]
+            chunks = {c for i, (a, b) in enumerate(zip(pols, cur_pols)) if a != b
+                      for c in range(len(bounds) - 1) if bounds[c] <= i < bounds[c + 1]}
+            ranks = sorted({schedules.rank_of(profile.parallel.pp, c) for c in chunks})
+            if got is None or not got.fits(lim):
+                call["trials"].append((ranks, "over"))
+            elif got.better_than(cur, lim):
+                call["trials"].append((ranks, "faster"))
+                call["cur"] = (pols, got)
+            else:
+                call["trials"].append((ranks, "not"))
+        return got
+
+    def odr(profile, lim, got, chosen, pols, cur):
+        state["call"] = {"trials": [], "cur": (pols, cur), "start": cur}
+        out = real_odr(profile, lim, got, chosen, pols, cur)
+        state["call"]["end"] = out[2]
+        calls.append(state["call"])
+        state["call"] = None
+        return out
+
+    monkeypatch.setattr(heu, "_on_demand_ranks", odr)
+    monkeypatch.setattr(heu, "_simulate", sim)
+    solvers.solve(prof, "heu", limit, None, partition)
+    return calls
+
+
+@pytest.mark.parametrize("path,limit,partition,saves", [
+    ("profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json", "16.1875GiB", "auto", True),  # no rank's re-solve pays
+    ("profiles/gpt-20b-a100-80g-nvlink-tp4-pp8-mb2-m64.json", "19.8125GiB", "auto", False),  # the first three pay
+])
+def test_on_demand_re_solve_stops_after_idle_ranks(path, limit, partition, saves, monkeypatch):
+    """Each trial re-solves one rank's chunks, ranks in order; ON_DEMAND_IDLE ranks in a row whose plan fits without
+    being faster end the walk; without that rule the walk goes on, and (on these cases) ends at the same plan."""
+    prof = Profile.model_validate_json((ROOT / path).read_text())
+    lim = parse_size(limit)
+    calls, idle_cap = _trace_on_demand(monkeypatch, prof, lim, partition), heu.ON_DEMAND_IDLE
+    monkeypatch.setattr(heu, "ON_DEMAND_IDLE", prof.parallel.pp + 1)
+    unbounded = _trace_on_demand(monkeypatch, prof, lim, partition)
+    assert calls and len(calls) == len(unbounded)
+    for call, full in zip(calls, unbounded):
+        ranks = [r for r, _ in call["trials"]]
+        assert all(len(r) == 1 for r in ranks), "a trial re-solves one rank"
+        assert [r[0] for r in ranks] == sorted(r[0] for r in ranks), "ranks first to last"
+        idle = 0
+        for _, outcome in call["trials"]:
+            assert idle < idle_cap, call["trials"]
+            idle = 0 if outcome == "faster" else idle + (outcome == "not")
+        assert call["trials"] == full["trials"][:len(call["trials"])]
+        assert call["end"].predicted.iteration_time_s == full["end"].predicted.iteration_time_s
+        assert call["end"].predicted.iteration_time_s <= call["start"].predicted.iteration_time_s
+    assert (sum(len(c["trials"]) for c in calls) < sum(len(c["trials"]) for c in unbounded)) == saves

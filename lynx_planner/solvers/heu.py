@@ -739,6 +739,7 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
 
 FILL_SIMULATIONS = 12  # at most this many simulated steps up per filled plan
 FILL_IDLE = 4  # a fill stops after this many simulated steps in a row that fit but are not faster
+ON_DEMAND_IDLE = 2  # the on-demand re-solve stops after this many ranks in a row that fit but are not faster
 
 
 def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMULATIONS) -> _Planned:
@@ -807,12 +808,16 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
     """Per rank whose plan hides recomputation (layer_above, pooled): its chunks re-solved all on demand, with the room
     the simulation left on the rank shared among them; kept if the simulation finds it fits and is faster. Hidden
     recomputation still stretches the backward it hides in, which the stage model does not count: on a rank whose
-    backward is on the pipeline's critical path (the first, in the drain) exposing a little can be faster."""
+    backward is on the pipeline's critical path (the first, in the drain) exposing a little can be faster. The ranks
+    are tried first to last; ON_DEMAND_IDLE of them in a row whose on-demand plan fits without being faster end it."""
     on_demand = next((r for r in got.regimes if r.placements == ("on_demand",) and r.pool_price is None), None)
     if on_demand is None:
         return chosen, pols, cur
     pp, v = profile.parallel.pp, profile.parallel.virtual_stages
+    idle = 0  # ranks in a row whose on-demand plan fit without being faster
     for rank in range(pp):
+        if idle >= ON_DEMAND_IDLE:
+            break
         mine = schedules.chunks_of(pp, v, rank)
         if all(o.at == "on_demand" for c in mine for o in chosen[c]):
             continue
@@ -829,6 +834,9 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
             if result is not None and result.fits(limit):
                 if result.better_than(cur, limit):
                     chosen, pols, cur = trial, trial_pols, result
+                    idle = 0
+                else:
+                    idle += 1
                 break
     return chosen, pols, cur
 
