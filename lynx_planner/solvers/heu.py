@@ -738,25 +738,36 @@ def repair(profile: Profile, limit: int, bounds, models, chosen, caches: list[Hu
 
 
 FILL_SIMULATIONS = 12  # at most this many simulated steps up per filled plan
+FILL_IDLE = 4  # a fill stops after this many simulated steps in a row that fit but are not faster
+ON_DEMAND_IDLE = 2  # the on-demand re-solve stops after this many ranks in a row that fit but are not faster
 
 
 def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMULATIONS) -> _Planned:
     """The reverse of repair: where the simulation leaves a rank below the limit (the stage models over-count what a
     rank holds at once), step a layer of its chunks up its frontier (the step saving the most exposure that the rank's
-    room may hold), simulate, keep it if it fits and is faster; until no step is left or `max_sims` simulations."""
+    room may hold), simulate, keep it if it fits and is faster; until no step is left, `max_sims` simulations, or
+    FILL_IDLE steps in a row that fit but are not faster.
+
+    A step that fits and leaves the iteration time exactly as it was never reached the pipeline's critical path: the
+    rank it was on is passed over until a kept step changes the timeline (its next steps would most likely change
+    nothing either, and the simulations go to the other ranks' steps instead)."""
     pp = profile.parallel.pp
     chosen = [list(opts) for opts in got.chosen]
     pols, cur = got.pols, got.evaluation
     chosen, pols, cur = _on_demand_ranks(profile, limit, got, chosen, pols, cur)
     tried: set[tuple[int, int, int]] = set()
     too_big: dict[int, int] = {}  # per rank: the least step (bytes, in the model's count) the simulation refused
+    off_path: set[int] = set()  # ranks whose last step changed nothing
+    idle = 0  # steps in a row that fit but were not faster
     for _ in range(max_sims):
+        if idle >= FILL_IDLE:
+            break
         room = {st.stage: limit - st.peak_memory_bytes for st in cur.predicted.stages}
         best = None  # (exposure saved, chunk, slot, option)
         for c in range(len(got.models)):
             rank = schedules.rank_of(pp, c)
             left = min(room[rank], too_big.get(rank, room[rank] + 1) - 1)
-            if left <= 0:
+            if left <= 0 or rank in off_path:
                 continue
             for j, o in enumerate(chosen[c]):
                 frontier, i = _place(o, got.regimes)
@@ -779,11 +790,17 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         if fits and result.better_than(cur, limit):
             pols, cur = trial, result
             too_big.clear()
-        else:
-            chosen[c][j] = was
-            if not fits:  # steps as big on this rank would overflow too
-                rank = schedules.rank_of(pp, c)
-                too_big[rank] = min(too_big.get(rank, up.mem - was.mem), up.mem - was.mem)
+            off_path.clear()
+            idle = 0
+            continue
+        chosen[c][j] = was
+        rank = schedules.rank_of(pp, c)
+        if not fits:  # steps as big on this rank would overflow too
+            too_big[rank] = min(too_big.get(rank, up.mem - was.mem), up.mem - was.mem)
+            continue
+        idle += 1
+        if result.predicted.iteration_time_s == cur.predicted.iteration_time_s:
+            off_path.add(rank)
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
 
 
@@ -791,12 +808,16 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
     """Per rank whose plan hides recomputation (layer_above, pooled): its chunks re-solved all on demand, with the room
     the simulation left on the rank shared among them; kept if the simulation finds it fits and is faster. Hidden
     recomputation still stretches the backward it hides in, which the stage model does not count: on a rank whose
-    backward is on the pipeline's critical path (the first, in the drain) exposing a little can be faster."""
+    backward is on the pipeline's critical path (the first, in the drain) exposing a little can be faster. The ranks
+    are tried first to last; ON_DEMAND_IDLE of them in a row whose on-demand plan fits without being faster end it."""
     on_demand = next((r for r in got.regimes if r.placements == ("on_demand",) and r.pool_price is None), None)
     if on_demand is None:
         return chosen, pols, cur
     pp, v = profile.parallel.pp, profile.parallel.virtual_stages
+    idle = 0  # ranks in a row whose on-demand plan fit without being faster
     for rank in range(pp):
+        if idle >= ON_DEMAND_IDLE:
+            break
         mine = schedules.chunks_of(pp, v, rank)
         if all(o.at == "on_demand" for c in mine for o in chosen[c]):
             continue
@@ -813,6 +834,9 @@ def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[l
             if result is not None and result.fits(limit):
                 if result.better_than(cur, limit):
                     chosen, pols, cur = trial, trial_pols, result
+                    idle = 0
+                else:
+                    idle += 1
                 break
     return chosen, pols, cur
 
