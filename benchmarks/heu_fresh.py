@@ -46,15 +46,7 @@ from lynx_planner.schema import Profile
 if CASE == "13b":
     prof, limit = Profile.model_validate_json(open(PROFILE).read()), hs.README_LIMIT
 else:
-    from lynx_planner.analytic import profile as analytic_profile
-    from lynx_planner.models.catalog import MODELS
-    from lynx_planner.models.hardware import HARDWARE
-    from lynx_planner.schema import ParallelConfig
-    tp, pp, dp, ep, v, m = hs.CATALOG[CASE]
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, seq_len=4096, num_microbatches=m, sequence_parallel=tp > 1,
-                         distributed_optimizer=True, schedule="interleaved-1f1b" if v > 1 else "1f1b",
-                         virtual_stages=v)
-    prof = analytic_profile(MODELS[CASE], par, HARDWARE["h100-80g-nvlink"])
+    prof, _ = hs.catalog_profile(CASE)
     limit = hs._limit(prof, 0.5)  # (its own searches of full and none warm the process: the 13B case is cleaner)
 
 def clear_process_caches():

@@ -47,6 +47,18 @@ CATALOG = {
 }
 
 
+def catalog_profile(name: str) -> tuple[Profile, str]:
+    """The catalog model's analytic profile on its real layout (CATALOG), on h100-80g-nvlink, and the layout's label."""
+    from lynx_planner.analytic import profile as analytic_profile
+
+    tp, pp, dp, ep, v, m = CATALOG[name]
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, seq_len=4096, num_microbatches=m, sequence_parallel=tp > 1,
+                         distributed_optimizer=True, schedule="interleaved-1f1b" if v > 1 else "1f1b",
+                         virtual_stages=v)
+    layout = f"tp{tp} pp{pp}" + (f" v{v}" if v > 1 else "") + f" dp{dp}" + (f" ep{ep}" if ep > 1 else "")
+    return analytic_profile(MODELS[name], par, HARDWARE["h100-80g-nvlink"]), f"{layout} M{m}"
+
+
 def _limit(prof: Profile, frac: float = 0.5) -> int:
     full, none = (solvers.solve(prof, a, 1 << 62).evaluation.peak_bytes for a in ("full", "none"))
     return int(full + frac * (none - full))
@@ -149,20 +161,12 @@ def main() -> None:
             print(f"| {label} | {len(prof.layers) / prof.parallel.pp:.1f} | {med:.3f} ({lo:.3f}-{hi:.3f}) | "
                   f"{heu.evaluation.predicted.iteration_time_s:.4f} |", flush=True)
     if "catalog" in parts:
-        from lynx_planner.analytic import profile as analytic_profile
-
         print("\n| catalog model | layout | HEU CPU s median (min-max) | search_time_s | iteration s |\n"
               "|---|---|---:|---:|---:|")
         for name in args.models.split(","):
-            tp, pp, dp, ep, v, m = CATALOG[name]
-            par = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, seq_len=4096, num_microbatches=m,
-                                 sequence_parallel=tp > 1, distributed_optimizer=True,
-                                 schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
-            prof = analytic_profile(MODELS[name], par, HARDWARE["h100-80g-nvlink"])
-            limit = _limit(prof, 0.5)
-            med, lo, hi, heu = timed(prof, "heu", limit, args.repeats)
-            layout = f"tp{tp} pp{pp}" + (f" v{v}" if v > 1 else "") + f" dp{dp}" + (f" ep{ep}" if ep > 1 else "")
-            print(f"| {name} | {layout} M{m} | {med:.3f} ({lo:.3f}-{hi:.3f}) | {heu.solver.search_time_s:.3f} | "
+            prof, layout = catalog_profile(name)
+            med, lo, hi, heu = timed(prof, "heu", _limit(prof, 0.5), args.repeats)
+            print(f"| {name} | {layout} | {med:.3f} ({lo:.3f}-{hi:.3f}) | {heu.solver.search_time_s:.3f} | "
                   f"{heu.evaluation.predicted.iteration_time_s:.4f} |", flush=True)
 
 
