@@ -247,6 +247,7 @@ def test_measured_fsdp_profile_carries_the_collectives_and_the_slowdown():
     for cost, size in ((rt.all_gather_wall, 4 * n), (rt.reduce_scatter_wall, 4 * n), (rt.fsdp_forward, n),
                        (rt.fsdp_backward, n)):
         assert len(cost) == 2 and min(cost) >= 0 and cost[0] + cost[1] * size > 0
+        assert all(float(f"{x:.4g}") == x for x in cost)  # four significant digits, as the other measured terms
 
 
 def test_null_chunk_sends_the_real_shapes_and_passes_gradients():

@@ -78,6 +78,20 @@ def test_resolution_is_the_widest_gap_between_peers_of_one_program():
                                                  "sac-torchtitan": "C"}
 
 
+def test_unrecorded_programs_get_no_letter_and_plans_print_what_they_recompute():
+    """An eager peer (no generated code recorded) is '-', never lettered alike with another unrecorded one; a plan
+    prints its decoder layers run by run, with what each selective run recomputes."""
+    from types import SimpleNamespace as NS
+
+    peers_ = [_peer("lynx-compiled", [1.0], ("x",)), _peer("lynx-eager", [1.0]), _peer("block", [1.0])]
+    assert peers.program_letters(peers_) == {"lynx-compiled": "A", "lynx-eager": "-", "block": "-"}
+    policy = [NS(block="Embedding", layers=(0, 1), mode="none", recompute=[]),
+              NS(block="LlamaDecoderLayer", layers=(1, 3), mode="selective", recompute=["mlp:mul#0", ":add#0"]),
+              NS(block="LlamaDecoderLayer", layers=(3, 4), mode="none", recompute=[])]
+    stage = NS(policies=policy, layers=(0, 4), layer_names=["embed", "m.layers.0", "m.layers.1", "m.layers.2"])
+    assert peers.plan_layers(NS(stages=[stage])) == "m.layers.0-1 recompute mlp:mul#0, :add#0; m.layers.2-2 none"
+
+
 def test_a_partitioner_peer_running_lynxs_program_meets_it():
     """The budget peer that compiled to lynx-compiled's code is lynx's program: met, whatever its builds measured."""
     ref, budget = _peer("lynx-compiled", [1.0], ("x",)), _peer("budget", [0.95], ("x",))

@@ -85,10 +85,11 @@ def test_policies_work_on_traced_block():
 def test_attention_flops_count_grouped_query_heads_as_the_kernel_runs_them():
     """Torch before 2.13 asserts on grouped-query shapes (profiling a GQA model on an H100 with torch 2.11 stopped
     there): lynx's formulas count every kernel's attention with the key/value heads broadcast to the query's."""
-    from lynx_planner.profiler.tracing import SDPA_FLOPS
+    from lynx_planner.profiler.tracing import SDPA_FLOPS, _query_heads
 
     b, hq, hkv, s, d = 2, 8, 2, 64, 16
     q, kv = (b, hq, s, d), (b, hkv, s, d)
+    assert _query_heads(q, kv, kv) == (q, q, q)  # what torch before 2.13 accepts (2.13 counts grouped shapes alike)
     forward = 2 * (2 * b * hq * s * d * s)  # q kᵀ and p v, non-causal
     kernels = {str(op) for op in SDPA_FLOPS}
     assert "aten._scaled_dot_product_flash_attention" in kernels  # the CUDA kernel, not only the CPU one
