@@ -30,8 +30,9 @@ import math
 import time
 from bisect import bisect_right
 from itertools import chain
-from operator import itemgetter, lt
+from operator import attrgetter, eq, itemgetter
 from contextlib import contextmanager
+from typing import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,7 +240,8 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None, 
                 f = min(F_LAST, 2 * f)
             eps += f
         k += 1
-    cands = _frontier([_candidate(info, p) for ps in states.values() for p in ps])
+    bits = _bits(info)
+    cands = _frontier([_candidate(info, bits, p) for ps in states.values() for p in ps])
     return cands, math.ceil(eps * 1e4) / 1e4  # rounded up: the bound stays true
 
 
@@ -314,9 +316,8 @@ class _Bits:
 
     keep: dict[str, int]  # keepable op id -> its bit in a keep set
     rec: dict[str, int]  # op id -> its bit in a recompute set
-    by_rank: tuple[str, ...]  # keep bit index -> op id
-    by_pos: tuple[str, ...]  # recompute bit index -> op id
-    fwd_s: tuple[float, ...]  # recompute bit index -> its recomputation seconds
+    keep_ids: Callable[[int], list[str]]  # a keep set's ids, sorted
+    rec_ids: Callable[[int], list[str]]  # a recompute set's ids, in op order
     replays: int  # recompute bits of the collectives whose recomputation replays them (policy.cost's test)
 
 
@@ -325,18 +326,33 @@ def _bits(info: policy.BlockInfo) -> _Bits:
     by_rank = tuple(sorted(info.keepable))
     by_pos = tuple(op.id for op in info.block.ops)
     return _Bits(keep={o: 1 << i for i, o in enumerate(by_rank)}, rec={o: 1 << i for i, o in enumerate(by_pos)},
-                 by_rank=by_rank, by_pos=by_pos, fwd_s=tuple(info.fwd_s.get(o, 0.0) for o in by_pos),
+                 keep_ids=_lister(by_rank), rec_ids=_lister(by_pos),
                  replays=sum(1 << i for i, o in enumerate(by_pos) if o in info.collective and info.fwd_s[o] > 0))
 
 
-def _ranks(bits: int) -> list[int]:
-    """The indices of the set bits, ascending."""
-    out = []
-    while bits:
-        low = bits & -bits
-        out.append(low.bit_length() - 1)
-        bits ^= low
-    return out
+_BYTE = tuple(tuple(i for i in range(8) if b >> i & 1) for b in range(256))  # a byte's set bits
+
+
+def _lister(values: tuple) -> Callable[[int], list]:
+    """A function listing values[i] for each set bit i of an int, ascending: a byte at a time, each (byte's position,
+    byte) met listed once and remembered."""
+    met: dict[int, tuple] = {}
+
+    def listed(bits: int) -> list:
+        out: list = []
+        at = 0  # 256 x the byte's position
+        while bits:
+            byte = bits & 255
+            if byte:
+                got = met.get(at + byte)
+                if got is None:
+                    got = met[at + byte] = tuple(values[(at >> 5) + i] for i in _BYTE[byte])
+                out += got
+            bits >>= 8
+            at += 256
+        return out
+
+    return listed
 
 
 def _start(info: policy.BlockInfo) -> dict[frozenset[str], list[tuple]]:
@@ -396,8 +412,9 @@ def _shift_keeps_order(partials: list[tuple], dt: float, replays: bool) -> bool:
         return False
     if dt == 0.0:
         return True
-    moved = [s + dt for s in sorted(set(map(_SECS, partials)))]
-    return all(map(lt, moved, moved[1:]))
+    # rounding is monotonic: no seconds change order, and those that differ still differ unless two collapse
+    secs = set(map(_SECS, partials))
+    return len({s + dt for s in secs}) == len(secs)
 
 
 def _prune(partials: list[tuple], tol_s: float = 0.0, tol_b: float = 0.0) -> list[tuple]:
@@ -427,8 +444,19 @@ def _stair_insert(xs: list, ys: list, i: int, s: float, b: float) -> None:
 def _tie(out: list, item: tuple) -> None:
     """`item`, just dropped, in place of the last kept one if it has the same costs and a lesser sorted keep set."""
     last = out[-1]
-    if item[1] == last[1] and item[:4] == last[:4] and _ranks(item[4]) < _ranks(last[4]):
+    if item[1] == last[1] and item[:4] == last[:4] and _keep_less(item[4], last[4]):
         out[-1] = item
+
+
+def _keep_less(a: int, b: int) -> bool:
+    """Whether keep set `a` sorted is less than `b` sorted (as lists of ids; both as _Bits holds them). They agree
+    below their least differing id x: if `a` holds x, its next id is x and b's next is greater, unless `b` ends there
+    (a prefix of `a`, so the lesser); and the other way round."""
+    d = a ^ b
+    if not d:
+        return False
+    low = d & -d  # x's bit
+    return b >= low << 1 if a & low else a < low << 1
 
 
 def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = None, ties: bool = False) -> list:
@@ -436,9 +464,9 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = 
     state of every step of a block's search. `room`: stop once more than that many are kept (the caller drops them).
     `ties`: the items may have equal costs (else they are unique): of those, the one with the least sorted keep set
     is kept."""
-    mixed = any(map(_REP, items))
-    if not (tol_s or tol_b or room is not None) and (not mixed or all(map(_REP, items))):
+    if not (tol_s or tol_b or room is not None):
         return _sweep_exact(items, ties)
+    mixed = any(map(_REP, items))
     fx: list = []  # the staircase of those replaying nothing: seconds ascending, bytes descending
     fy: list = []
     tx, ty = ([], []) if mixed else (fx, fy)  # of all
@@ -467,30 +495,61 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = 
 
 
 def _sweep_exact(items: list, ties: bool) -> list:
-    """_sweep_partials without tolerances, of items that all replay a collective or none does (one staircase): the
-    most common sweep, its staircase insertion inlined."""
-    xs: list = []
-    ys: list = []
-    out = []
+    """_sweep_partials without tolerances: the sweep of every step of an exact search, its staircase insertions
+    inlined (when no item replays a collective, the one staircase of those replaying nothing serves all). Each
+    staircase starts with a point no item reaches, (-inf, inf), so that every bisect has one on its left."""
+    fx: list = [-_INF]  # the staircase of those replaying nothing: seconds ascending, bytes strictly descending
+    fy: list = [_INF]
+    tx: list = [-_INF]  # of all (once some item replays)
+    ty: list = [_INF]
+    mixed = any(map(_REP, items))
+    out: list = []
     for item in items:
         s = item[1]
         b = item[2]
-        i = bisect_right(xs, s)
-        if i and ys[i - 1] <= b:
-            if ties:
-                _tie(out, item)
-            continue
-        out.append(item)
-        j, n = i, len(xs)
-        while j < n and ys[j] >= b:
-            j += 1
-        if j == i:
-            xs.insert(i, s)
-            ys.insert(i, b)
+        if item[3]:
+            i = bisect_right(tx, s)
+            if ty[i - 1] <= b:
+                if ties and out[-1][1] == s:
+                    _tie(out, item)
+                continue
+            out.append(item)
+            xs, ys = tx, ty
         else:
+            i = bisect_right(fx, s)
+            if fy[i - 1] <= b:
+                if ties and out[-1][1] == s:
+                    _tie(out, item)
+                continue
+            out.append(item)
+            if i < len(fx) and fy[i] >= b:  # drops the points right of it that it dominates
+                j, n = i + 1, len(fx)
+                while j < n and fy[j] >= b:
+                    j += 1
+                fx[i:j] = [s]
+                fy[i:j] = [b]
+            else:
+                fx.insert(i, s)
+                fy.insert(i, b)
+            if not mixed:
+                continue
+            i = bisect_right(tx, s)  # also on the staircase of all, unless it has a point as good
+            if ty[i - 1] <= b:
+                continue
+            xs, ys = tx, ty
+        if i < len(xs) and ys[i] >= b:
+            j, n = i + 1, len(xs)
+            while j < n and ys[j] >= b:
+                j += 1
             xs[i:j] = [s]
             ys[i:j] = [b]
+        else:
+            xs.insert(i, s)
+            ys.insert(i, b)
     return out
+
+
+_INF = math.inf
 
 
 def _sweep(items: list, costs, tol_s: float, tol_b: float) -> list:
@@ -517,18 +576,30 @@ def _sweep(items: list, costs, tol_s: float, tol_b: float) -> list:
     return out
 
 
-def _candidate(info: policy.BlockInfo, p: tuple) -> Candidate:
+def _candidate(info: policy.BlockInfo, bits: _Bits, p: tuple) -> Candidate:
     """A complete partial policy as a candidate, its costs counted as policy.cost counts them (kept bytes with the
     block's held bytes, seconds summed in op order)."""
-    bits = _bits(info)
     kept, _, regen, _, keep, rec = p
-    rec_at = _ranks(rec)
-    return Candidate(frozenset(bits.by_rank[i] for i in _ranks(keep)), tuple(bits.by_pos[i] for i in rec_at),
-                     kept + info.held_bytes, regen, sum(bits.fwd_s[i] for i in rec_at), bool(rec & bits.replays))
+    rec_ids = bits.rec_ids(rec)
+    return Candidate(frozenset(bits.keep_ids(keep)), tuple(rec_ids), kept + info.held_bytes, regen,
+                     sum(map(info.fwd_s.__getitem__, rec_ids)), bool(rec & bits.replays))
+
+
+_CAND_COSTS = attrgetter("kept_bytes", "rec_s", "rec_bytes", "replays_collective")
 
 
 def _frontier(cands: list[Candidate]) -> tuple[Candidate, ...]:
-    cands.sort(key=lambda c: (c.kept_bytes, c.rec_s, c.rec_bytes, c.replays_collective, sorted(c.keep)))
+    # by costs, then sorted keep set: sorted by costs, then any run of equal costs by its keep sets (stable both)
+    cands.sort(key=_CAND_COSTS)
+    keys = list(map(_CAND_COSTS, cands))
+    if any(map(eq, keys, keys[1:])):
+        i = 0
+        while i < len(cands):
+            j = i + 1
+            while j < len(cands) and keys[j] == keys[i]:
+                j += 1
+            cands[i:j] = sorted(cands[i:j], key=lambda c: sorted(c.keep))
+            i = j
     return tuple(_sweep(cands, lambda c: (c.rec_s, c.rec_bytes, c.replays_collective), 0.0, 0.0))
 
 
