@@ -330,26 +330,23 @@ def _bits(info: policy.BlockInfo) -> _Bits:
                  replays=sum(1 << i for i, o in enumerate(by_pos) if o in info.collective and info.fwd_s[o] > 0))
 
 
-_BYTE = tuple(tuple(i for i in range(8) if b >> i & 1) for b in range(256))  # a byte's set bits
-
-
 def _lister(values: tuple) -> Callable[[int], list]:
-    """A function listing values[i] for each set bit i of an int, ascending: a byte at a time, each (byte's position,
-    byte) met listed once and remembered."""
+    """A function listing values[i] for each set bit i of an int, ascending: 16 bits at a time, each (position, bits)
+    met listed once and remembered."""
     met: dict[int, tuple] = {}
 
     def listed(bits: int) -> list:
         out: list = []
-        at = 0  # 256 x the byte's position
+        at = 0  # 65536 x the 16 bits' position
         while bits:
-            byte = bits & 255
-            if byte:
-                got = met.get(at + byte)
+            chunk = bits & 0xFFFF
+            if chunk:
+                got = met.get(at + chunk)
                 if got is None:
-                    got = met[at + byte] = tuple(values[(at >> 5) + i] for i in _BYTE[byte])
+                    got = met[at + chunk] = tuple(values[(at >> 12) + i] for i in range(16) if chunk >> i & 1)
                 out += got
-            bits >>= 8
-            at += 256
+            bits >>= 16
+            at += 1 << 16
         return out
 
     return listed
@@ -363,9 +360,9 @@ def _start(info: policy.BlockInfo) -> dict[frozenset[str], list[tuple]]:
 
 
 def _step(info: policy.BlockInfo, op, states: dict, units: set, keepable: set, holds: set) -> dict:
-    """The states after deciding `op`, each state's partial policies pruned exactly. A state reached from a single
-    state's list unchanged, or with a cost added to all of them that keeps their order and leaves none dominating
-    another, is that list (what _prune would return), not pruned again."""
+    """The states after deciding `op`, each state's partial policies pruned exactly (as _prune: sorted, then swept).
+    A state reached from a single state's list unchanged, or with a cost added to all of them that keeps their order
+    and leaves none dominating another, is that list (what _prune would return), not pruned again."""
     o = op.id
     bits = _bits(info)
     kbit, rbit = bits.keep.get(o, 0), bits.rec[o]
@@ -376,27 +373,25 @@ def _step(info: policy.BlockInfo, op, states: dict, units: set, keepable: set, h
     is_unit, is_keepable, is_held = o in units, o in keepable, o in holds
     reads = frozenset(x for x in info.inputs[o] if x != BLOCK_INPUT)
     nxt: dict[frozenset[str], list[list[tuple]]] = {}  # per next state: the lists reaching it (none is changed)
-    sole: dict[frozenset[str], bool] = {}  # per next state: reached from one list that needs no pruning
+    moved: dict[frozenset[str], list[tuple]] = {}  # per next state: the list whose recomputation of op reaches it
     for required, partials in states.items():
         needed = o in required
         rest = required - {o} if needed else required
         if not (is_unit or needed):  # nothing to decide here
-            sole[rest] = rest not in nxt
             nxt.setdefault(rest, []).append(partials)
             continue
         reading = rest | reads
-        if is_keepable and (not needed or is_held):
-            sole[rest] = rest not in nxt  # kept bytes added to all: exact in integers, nothing changes order
+        if is_keepable and (not needed or is_held):  # kept bytes added to all: exact in integers, no order changes
             nxt.setdefault(rest, []).append(
                 [(kept + unit_bytes, secs, regen, rep, keep | kbit, rec) for kept, secs, regen, rep, keep, rec in partials])
-        sole[reading] = reading not in nxt and _shift_keeps_order(partials, fwd_s, replays)
+        moved[reading] = partials
         nxt.setdefault(reading, []).append(
             [(kept, secs + fwd_s, regen + regen_bytes, True, keep, rec | rbit)
              for kept, secs, regen, rep, keep, rec in partials] if replays else
             [(kept, secs + fwd_s, regen + regen_bytes, rep, keep, rec | rbit)
              for kept, secs, regen, rep, keep, rec in partials])
-    return {r: lists[0] if sole[r] else _prune(list(chain.from_iterable(lists))) for r, lists in nxt.items()}
-
+    return {r: lists[0] if len(lists) == 1 and (r not in moved or _shift_keeps_order(moved[r], fwd_s, replays))
+            else _sweep_exact(sorted(chain.from_iterable(lists)), True) for r, lists in nxt.items()}
 
 _SECS, _REP = itemgetter(1), itemgetter(3)
 
@@ -414,7 +409,7 @@ def _shift_keeps_order(partials: list[tuple], dt: float, replays: bool) -> bool:
         return True
     # rounding is monotonic: no seconds change order, and those that differ still differ unless two collapse
     secs = set(map(_SECS, partials))
-    return len({s + dt for s in secs}) == len(secs)
+    return len(set(map(dt.__add__, secs))) == len(secs)
 
 
 def _prune(partials: list[tuple], tol_s: float = 0.0, tol_b: float = 0.0) -> list[tuple]:
@@ -460,37 +455,52 @@ def _keep_less(a: int, b: int) -> bool:
 
 
 def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = None, ties: bool = False) -> list:
-    """_sweep on partial policies ((kept, seconds, bytes, replays, ...), sorted), its lookups inlined: it runs for every
-    state of every step of a block's search. `room`: stop once more than that many are kept (the caller drops them).
-    `ties`: the items may have equal costs (else they are unique): of those, the one with the least sorted keep set
-    is kept."""
+    """_sweep on partial policies ((kept, seconds, bytes, replays, ...), sorted), its lookups and staircase updates
+    inlined: it runs for every state of every step of a block's search. `room`: stop once more than that many are kept
+    (the caller drops them). `ties`: the items may have equal costs (else they are unique): of those, the one with the
+    least sorted keep set is kept. Each staircase starts with a point no item reaches, (-inf, inf), so that every
+    bisect has one on its left."""
     if not (tol_s or tol_b or room is not None):
         return _sweep_exact(items, ties)
     mixed = any(map(_REP, items))
-    fx: list = []  # the staircase of those replaying nothing: seconds ascending, bytes descending
-    fy: list = []
-    tx, ty = ([], []) if mixed else (fx, fy)  # of all
-    out = []
+    fx: list = [-_INF]  # the staircase of those replaying nothing: seconds ascending, bytes strictly descending
+    fy: list = [_INF]
+    tx, ty = ([-_INF], [_INF]) if mixed else (fx, fy)  # of all
+    room = len(items) if room is None else room
+    out: list = []
     for item in items:
         s = item[1]
         b = item[2]
-        xs, ys = (tx, ty) if item[3] else (fx, fy)
+        if item[3]:
+            xs, ys = tx, ty
+        else:
+            xs, ys = fx, fy
         i = bisect_right(xs, s + tol_s)
-        if i and ys[i - 1] <= b + tol_b:
-            if ties:
+        if ys[i - 1] <= b + tol_b:
+            if ties and out[-1][:4] == item[:4]:
                 _tie(out, item)
             continue
         out.append(item)
-        if room is not None and len(out) > room:
+        if len(out) > room:
             return out
         if tol_s:
             i = bisect_right(xs, s)
-        _stair_insert(xs, ys, i, s, b)  # not dominated: no point of its staircase at or left of s is as good
-        if mixed and not item[3]:  # also on the staircase of all, unless it has a point as good
-            i = bisect_right(tx, s)
-            if i and ty[i - 1] <= b:
-                continue
-            _stair_insert(tx, ty, i, s, b)
+        while True:  # not dominated: no point of its staircase at or left of s is as good; onto it
+            if i < len(xs) and ys[i] >= b:  # drops the points right of it that it dominates
+                j, n = i + 1, len(xs)
+                while j < n and ys[j] >= b:
+                    j += 1
+                xs[i:j] = [s]
+                ys[i:j] = [b]
+            else:
+                xs.insert(i, s)
+                ys.insert(i, b)
+            if not mixed or xs is tx:
+                break
+            xs, ys = tx, ty  # also on the staircase of all, unless it has a point as good
+            i = bisect_right(xs, s)
+            if ys[i - 1] <= b:
+                break
     return out
 
 
