@@ -29,7 +29,7 @@ import gc
 import math
 import time
 from bisect import bisect_right
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter, eq, itemgetter
 from contextlib import contextmanager
 from typing import Callable
@@ -153,17 +153,18 @@ def _large(block: Block, info: policy.BlockInfo, stopped: _OverWork | None = Non
         return got or Frontier(*_search(info, None, STEP_CAP, *([stopped] if stopped else [])))
     # decided as groups: each folded candidate's keep and recompute sets spread over every copy
     small, eps = _search(policy.analyse(folded.block), None, STEP_CAP)
-    order = [(o, folded.rep.get(o, o)) for o in info.order if o in info.fwd_s]  # real ops, their folded op
+    real = [o for o in info.order if o in info.fwd_s]
+    order = (real, [folded.rep.get(o, o) for o in real])  # real ops in op order, their folded ops
     return Frontier(_frontier([_spread(folded, order, c) for c in small]), eps, folded.groups)
 
 
-def _spread(folded: repeats.Folded, order: list[tuple[str, str]], c: Candidate) -> Candidate:
+def _spread(folded: repeats.Folded, order: tuple[list[str], list[str]], c: Candidate) -> Candidate:
     """A candidate of the folded block as one of the block: every copy decided alike (the costs are the folded op's
     sums)."""
-    keep = frozenset(x for k in c.keep for x in folded.copies.get(k, (k,)))
-    rec = set(c.recompute)
-    return Candidate(keep, tuple(o for o, r in order if r in rec), c.kept_bytes, c.rec_bytes, c.rec_s,
-                     c.replays_collective)
+    keep = frozenset(chain.from_iterable(folded.copies.get(k, (k,)) for k in c.keep))
+    real, rep = order
+    return Candidate(keep, tuple(compress(real, map(set(c.recompute).__contains__, rep))), c.kept_bytes, c.rec_bytes,
+                     c.rec_s, c.replays_collective)
 
 
 def _exact(info: policy.BlockInfo, work_cap: int, step_cap: int | None = None, resume: _OverWork | None = None
