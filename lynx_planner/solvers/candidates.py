@@ -506,49 +506,35 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = 
 
 
 def _sweep_exact(items: list, ties: bool) -> list:
-    """_sweep_partials without tolerances: the sweep of every step of an exact search, its staircase insertions
-    inlined (when no item replays a collective, the one staircase of those replaying nothing serves all). Each
-    staircase starts with a point no item reaches, (-inf, inf), so that every bisect has one on its left."""
-    fx: list = [-_INF]  # the staircase of those replaying nothing: seconds ascending, bytes strictly descending
+    """_sweep_partials without tolerances: the sweep of every step of an exact search, its staircase updates inlined.
+    One staircase holds the kept items replaying nothing, one those replaying a collective: an item replaying nothing
+    is dominated by one of the first, one replaying by one of either (the same as one staircase of all, as _sweep keeps:
+    either way, by some kept item). Each starts with a point no item reaches, (-inf, inf), so that every bisect has
+    one on its left."""
+    fx: list = [-_INF]  # replaying nothing: seconds ascending, bytes strictly descending
     fy: list = [_INF]
-    tx: list = [-_INF]  # of all (once some item replays)
-    ty: list = [_INF]
-    mixed = any(map(_REP, items))
+    rx: list = [-_INF]  # replaying a collective
+    ry: list = [_INF]
     out: list = []
     for item in items:
         s = item[1]
         b = item[2]
+        i = bisect_right(fx, s)
+        if fy[i - 1] <= b:
+            if ties and out[-1][1] == s:
+                _tie(out, item)
+            continue
         if item[3]:
-            i = bisect_right(tx, s)
-            if ty[i - 1] <= b:
+            i = bisect_right(rx, s)
+            if ry[i - 1] <= b:
                 if ties and out[-1][1] == s:
                     _tie(out, item)
                 continue
-            out.append(item)
-            xs, ys = tx, ty
+            xs, ys = rx, ry
         else:
-            i = bisect_right(fx, s)
-            if fy[i - 1] <= b:
-                if ties and out[-1][1] == s:
-                    _tie(out, item)
-                continue
-            out.append(item)
-            if i < len(fx) and fy[i] >= b:  # drops the points right of it that it dominates
-                j, n = i + 1, len(fx)
-                while j < n and fy[j] >= b:
-                    j += 1
-                fx[i:j] = [s]
-                fy[i:j] = [b]
-            else:
-                fx.insert(i, s)
-                fy.insert(i, b)
-            if not mixed:
-                continue
-            i = bisect_right(tx, s)  # also on the staircase of all, unless it has a point as good
-            if ty[i - 1] <= b:
-                continue
-            xs, ys = tx, ty
-        if i < len(xs) and ys[i] >= b:
+            xs, ys = fx, fy
+        out.append(item)
+        if i < len(xs) and ys[i] >= b:  # drops the points right of it that it dominates
             j, n = i + 1, len(xs)
             while j < n and ys[j] >= b:
                 j += 1
