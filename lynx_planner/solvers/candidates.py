@@ -459,49 +459,46 @@ def _sweep_partials(items: list, tol_s: float, tol_b: float, room: int | None = 
     """_sweep on partial policies ((kept, seconds, bytes, replays, ...), sorted), its lookups and staircase updates
     inlined: it runs for every state of every step of a block's search. `room`: stop once more than that many are kept
     (the caller drops them). `ties`: the items may have equal costs (else they are unique): of those, the one with the
-    least sorted keep set is kept. Each staircase starts with a point no item reaches, (-inf, inf), so that every
-    bisect has one on its left."""
+    least sorted keep set is kept."""
     if not (tol_s or tol_b or room is not None):
         return _sweep_exact(items, ties)
-    mixed = any(map(_REP, items))
-    fx: list = [-_INF]  # the staircase of those replaying nothing: seconds ascending, bytes strictly descending
+    fx: list = [-_INF]  # kept items replaying nothing (see _sweep_exact): seconds ascending, bytes strictly descending
     fy: list = [_INF]
-    tx, ty = ([-_INF], [_INF]) if mixed else (fx, fy)  # of all
+    rx: list = [-_INF]  # replaying a collective
+    ry: list = [_INF]
     room = len(items) if room is None else room
     out: list = []
     for item in items:
         s = item[1]
         b = item[2]
-        if item[3]:
-            xs, ys = tx, ty
-        else:
-            xs, ys = fx, fy
-        i = bisect_right(xs, s + tol_s)
-        if ys[i - 1] <= b + tol_b:
+        i = bisect_right(fx, s + tol_s)
+        if fy[i - 1] <= b + tol_b:
             if ties and out[-1][:4] == item[:4]:
                 _tie(out, item)
             continue
+        if item[3]:
+            i = bisect_right(rx, s + tol_s)
+            if ry[i - 1] <= b + tol_b:
+                if ties and out[-1][:4] == item[:4]:
+                    _tie(out, item)
+                continue
+            xs, ys = rx, ry
+        else:
+            xs, ys = fx, fy
         out.append(item)
         if len(out) > room:
             return out
         if tol_s:
             i = bisect_right(xs, s)
-        while True:  # not dominated: no point of its staircase at or left of s is as good; onto it
-            if i < len(xs) and ys[i] >= b:  # drops the points right of it that it dominates
-                j, n = i + 1, len(xs)
-                while j < n and ys[j] >= b:
-                    j += 1
-                xs[i:j] = [s]
-                ys[i:j] = [b]
-            else:
-                xs.insert(i, s)
-                ys.insert(i, b)
-            if not mixed or xs is tx:
-                break
-            xs, ys = tx, ty  # also on the staircase of all, unless it has a point as good
-            i = bisect_right(xs, s)
-            if ys[i - 1] <= b:
-                break
+        if i < len(xs) and ys[i] >= b:  # not dominated, so none left of it is as good; drops those right it beats
+            j, n = i + 1, len(xs)
+            while j < n and ys[j] >= b:
+                j += 1
+            xs[i:j] = [s]
+            ys[i:j] = [b]
+        else:
+            xs.insert(i, s)
+            ys.insert(i, b)
     return out
 
 
