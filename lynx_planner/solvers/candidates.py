@@ -582,6 +582,7 @@ def _candidate(info: policy.BlockInfo, bits: _Bits, p: tuple) -> Candidate:
 
 
 _CAND_COSTS = attrgetter("kept_bytes", "rec_s", "rec_bytes", "replays_collective")
+_CAND_SWEPT = attrgetter("rec_s", "rec_bytes", "replays_collective")
 
 
 def _frontier(cands: list[Candidate]) -> tuple[Candidate, ...]:
@@ -596,7 +597,7 @@ def _frontier(cands: list[Candidate]) -> tuple[Candidate, ...]:
                 j += 1
             cands[i:j] = sorted(cands[i:j], key=lambda c: sorted(c.keep))
             i = j
-    return tuple(_sweep(cands, lambda c: (c.rec_s, c.rec_bytes, c.replays_collective), 0.0, 0.0))
+    return tuple(_sweep(cands, _CAND_SWEPT, 0.0, 0.0))
 
 
 def reset_caches() -> None:
