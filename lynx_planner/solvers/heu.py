@@ -936,10 +936,11 @@ def heu_strategy(profile: Profile, limit: int, partition: str, placements: tuple
     under deferred weight passes, and then recompute for nothing)."""
     with collector_paused(), _simulations():  # its garbage is freed by refcounts (any cycle: collected after)
         best = _heu_strategy(profile, limit, partition, placements)
-    bounds = even_bounds(profile, n_chunks(profile))
-    evaluation = ev.keep_all(profile, bounds)  # also the even split's ideal, which a plan on it reports
-    if evaluation.fits(limit) and evaluation.better_than(best[2], limit):
-        return bounds, [ev.none_policy(profile, i) for i in range(len(profile.layers))], evaluation
+        bounds = even_bounds(profile, n_chunks(profile))
+        pols = [ev.none_policy(profile, i) for i in range(len(profile.layers))]
+        evaluation = _simulate(profile, bounds, pols, limit)  # stopped as soon as a rank is found over the limit
+    if evaluation is not None and evaluation.fits(limit) and evaluation.better_than(best[2], limit):
+        return bounds, pols, evaluation
     return best
 
 
