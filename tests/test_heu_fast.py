@@ -7,6 +7,7 @@ import numpy as np
 from conftest import between, small_profile
 
 from lynx_planner.solvers import heu
+from lynx_planner.solvers.candidates import Candidate
 from lynx_planner.solvers.partition import best_bounds
 from lynx_planner.solvers.stage_model import candidates_of, p2p_wait_s, stage_model
 
@@ -141,3 +142,43 @@ def test_knapsack_options_by_units_are_the_plain_loops():
         units, option, exposed = got
         assert units.tolist() == list(want) and option == list(want.values())
         assert exposed.tolist() == [front[i].exposed_s for i in want.values()]
+
+
+def _walk(model, placed: heu.Placed, pool_price):
+    """The option frontier by the plain walk over every point (no numpy shortcuts): points (memory, exposure,
+    recomputation seconds, position) sorted, a point joining when it exposes less by more than 1e-15, or as little
+    within 1e-15 and recomputes less."""
+    a = placed.costs
+    points = []
+    for i, c in enumerate(a.cands):
+        held = model.in_flight * c.kept_bytes + model.awaiting_w * (c.kept_bytes + c.rec_bytes)
+        points.append((held, float(placed.exposed_s[i]), c.rec_s, 2 * i, c, placed.placements[placed.at[i]]))
+        if pool_price is not None and c.rec_s > 0 and not c.replays_collective:
+            points.append((held + c.rec_bytes, pool_price * c.rec_s, c.rec_s, 2 * i + 1, c, "pool"))
+    out = []
+    for m, x, r, _, c, at in sorted(points, key=lambda p: p[:4]):
+        if not out or x < out[-1][3] - 1e-15 or (x <= out[-1][3] + 1e-15 and r < out[-1][0].rec_s):
+            out.append((c, at, m, min(x, out[-1][3]) if out else x))
+    return out
+
+
+def test_options_past_zero_exposure_are_the_plain_walk():
+    """Once the frontier's exposure reaches 0, the points left join by a vectorised test (exposure within 1e-15 of 0
+    and less recomputation than every point before): synthetic candidates with many zero, tiny and small exposures,
+    pooled at price 0 or not, give the plain walk's frontier."""
+    rng = np.random.default_rng(3)
+    model = stage_model(small_profile(tp=2, pp=4, m=8, layers=8), 1, 3, 5, 1 << 40, 0.0)
+    reached = 0
+    for trial in range(200):
+        n = int(rng.integers(2, 60))
+        rec_s = rng.choice([0.0, 1e-16, 5e-16, 2e-15, 1e-4, 2e-4, 3e-4], n)
+        cands = tuple(Candidate(frozenset(), (), int(k), int(b), float(t), bool(rep)) for k, b, t, rep in zip(
+            rng.integers(1, 40, n), rng.integers(0, 20, n), rec_s, rng.random(n) < 0.2))
+        a = heu._costs(cands)
+        exposed = np.where(rng.random(n) < 0.5, 0.0, a.rec_s)  # hidden (layer_above) or on demand
+        placed = heu.Placed(a, heu.LYNX_PLACEMENTS, np.where(exposed == 0.0, 0, 1), exposed)
+        for price in (None, 0.0, 0.5):
+            got = heu._options(model, model.slots[0], placed, price)
+            assert [(o.cand, o.at, o.mem, o.exposed_s) for o in got] == _walk(model, placed, price)
+            reached += any(o.exposed_s == 0.0 for o in got[:-1])
+    assert reached > 100  # most frontiers reach 0 before their last option

@@ -165,13 +165,28 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
     names = placed.placements
     last_e = last_r = 0.0  # the last option's exposure and its candidate's recomputation seconds (read as floats)
     taken, exposed = [], []  # the points joining the frontier (their place in `near`), their options' exposure
-    for k, (m, x, r, i, w) in enumerate(zip(mem[near].tolist(), e[near].tolist(), rec_s[near].tolist(),
-                                            cand[near].tolist(), at[near].tolist())):
+    ms, xs, rs, cs, ws = (mem[near].tolist(), e[near].tolist(), rec_s[near].tolist(), cand[near].tolist(),
+                          at[near].tolist())
+    k = 0
+    while k < len(near) and not (frontier and last_e == 0.0):
+        m, x, r, i, w = ms[k], xs[k], rs[k], cs[k], ws[k]
         if not frontier or x < last_e - 1e-15 or (x <= last_e + 1e-15 and r < last_r):
             last_e, last_r = min(x, last_e) if frontier else x, r
             frontier.append(Option(a.cands[i], names[w] if w >= 0 else "pool", m, last_e))
             taken.append(k)
             exposed.append(last_e)
+        k += 1
+    if k < len(near):
+        # Exposure reached 0 (none is negative): the walk's test is now x <= 1e-15 and r < last_r, and last_r the
+        # least r before, so the points left that join are those of x <= 1e-15 below every r before them (a pooled
+        # regime at price 0 has thousands of such points).
+        rest = k + np.flatnonzero(e[near[k:]] <= 1e-15)
+        r_rest = rec_s[near[rest]]
+        least_before = np.minimum.accumulate(np.concatenate([[last_r], r_rest]))[:-1]
+        for k in rest[r_rest < least_before].tolist():
+            frontier.append(Option(a.cands[cs[k]], names[ws[k]] if ws[k] >= 0 else "pool", ms[k], 0.0))
+            taken.append(k)
+            exposed.append(0.0)
     points = near[taken]
     held, where, rec_bytes = mem[points], at[points], a.rec_bytes[cand[points]]
     above = names.index("layer_above") if "layer_above" in names else -2  # (-1 is pooled)
