@@ -433,8 +433,14 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             if got is None:
                 return None  # no option of this layer fits the stage's whole budget
             units, option, exposed_s = got
+            # The rows ascend in memory. One exposing no less (in the dp's float32) than a row before it is never
+            # the first least of a column (that row's entries are at most its own: dp falls as memory grows): dropped.
+            exposed = exposed_s.astype(np.float32)
+            useful = exposed < np.minimum.accumulate(np.concatenate([[np.float32(np.inf)], exposed[:-1]]))
+            useful |= not (np.diff(units) > 0).all()  # (a frontier's memory ascends: its rows do)
+            units, exposed = units[useful], exposed[useful][:, None]
+            option = [o for o, u in zip(option, useful.tolist()) if u]
             starts = r - units  # where the dp entries each option builds on start
-            exposed = exposed_s.astype(np.float32)[:, None]
             table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
             transitions[key] = (starts, exposed, option, table)
         starts, exposed, option, table = transitions[key]
