@@ -17,17 +17,22 @@ def _points(options: list[heu.Option]) -> list[tuple]:
 
 
 def test_scaled_frontiers_are_the_frontiers_at_each_in_flight_count():
-    """Without pools, a frontier found once and scaled by the in-flight count is the one _options finds there."""
+    """Without pools, a frontier found once and scaled by the in-flight count is the one _options finds there; a
+    class shared by layers of different windows above (no layer_above in the regime) has each layer's own frontier."""
     prof = small_profile(tp=2, pp=4, m=8, layers=8)
     limit = between(prof, 0.5)
-    for regime in (heu.HullCache(heu.LYNX_PLACEMENTS), heu.HullCache(("on_demand",))):
+    for regime in (heu.HullCache(heu.LYNX_PLACEMENTS), heu.HullCache(("on_demand",)),
+                   heu.HullCache(heu.LYNX_PLACEMENTS, 0.5)):
         seen = set()
-        for s in range(4):  # stage s holds 4 - s micro-batches at its peak
-            model = stage_model(prof, s, 2 * s + 1, 2 * s + 3, limit, p2p_wait_s(prof, 2 * s + 1, 2 * s + 3))
+        # stage s holds 4 - s micro-batches at its peak; each twice, the top layer's window (the gradient wait) short
+        # and long: classes without layer_above share one frontier, the others must not
+        for s, wait in ((s, wait) for s in range(4) for wait in (1e-5, 1e-2)):
+            model = stage_model(prof, s, 2 * s + 1, 2 * s + 3, limit, wait)
             seen.add(model.in_flight)
             for j, slot in enumerate(model.slots):
-                placements = regime.placements
-                direct = heu._options(model, slot, heu._placed(slot, candidates_of(prof, slot.block), placements))
+                placements = heu._slot_placements(slot, regime)
+                direct = heu._options(model, slot, heu._placed(slot, candidates_of(prof, slot.block), placements),
+                                      regime.pool_price)
                 got = heu._class_options(prof, model, j, regime)
                 assert _points(got) == _points(direct)
                 assert _points(heu._class_hull(prof, model, j, regime)) == _points(heu._hull(direct))

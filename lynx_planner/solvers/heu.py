@@ -237,20 +237,29 @@ def _front_arrays(front: list[Option], cache: HullCache) -> _FrontArrays:
     return got
 
 
-def _class_key(model: StageModel, j: int) -> tuple:
+def _slot_placements(slot, cache: HullCache) -> tuple[str, ...]:
+    """The placements a slot's options may take in this regime (a pooled regime's top layer: on demand only, a pool
+    above it)."""
+    return ("on_demand",) if cache.pool_price is not None and slot.top else cache.placements
+
+
+def _class_key(model: StageModel, j: int, cache: HullCache) -> tuple:
     slot = model.slots[j]
-    return slot.block, model.in_flight, model.awaiting_w, round(slot.above_s, 12), slot.top
+    # Only layer_above reads the window above: without it a block's layers share their options whatever the window
+    # (a top layer's is the gradient wait, measured per chunk).
+    window = round(slot.above_s, 12) if "layer_above" in _slot_placements(slot, cache) else None
+    return slot.block, model.in_flight, model.awaiting_w, window, slot.top
 
 
 def _class_options(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
     """The option frontier of the class of slot j."""
-    key = _class_key(model, j)
+    key = _class_key(model, j, cache)
     if key not in cache.table:
         slot = model.slots[j]
-        where = (slot.block, slot.above_s, slot.top)
+        placements = _slot_placements(slot, cache)
+        where = (slot.block, slot.above_s if "layer_above" in placements else None, slot.top)
         if where not in cache.placed:
-            placements = ("on_demand",) if cache.pool_price is not None and slot.top else cache.placements
-            cache.placed[where] = _placed(slot, candidates_of(profile, slot.block), placements)  # top: a pool above
+            cache.placed[where] = _placed(slot, candidates_of(profile, slot.block), placements)
         if cache.pool_price is None and model.awaiting_w == 0 and model.in_flight > 0:
             if where not in cache.scaled:
                 cache.scaled[where] = _frontier_of(replace(model, in_flight=1), slot, cache.placed[where])
@@ -272,7 +281,7 @@ def _place(o: Option, caches: list[HullCache]) -> tuple[list[Option], int]:
 
 def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
     """The convex hull of that frontier (only the greedy reads it: found when first asked)."""
-    key = _class_key(model, j)
+    key = _class_key(model, j, cache)
     if key not in cache.hulls:
         cache.hulls[key] = _hull(_class_options(profile, model, j, cache))
     return cache.hulls[key]
