@@ -187,3 +187,44 @@ def test_options_past_zero_exposure_are_the_plain_walk():
             assert [(o.cand, o.at, o.mem, o.exposed_s) for o in got] == _walk(model, placed, price)
             reached += any(o.exposed_s == 0.0 for o in got[:-1])
     assert reached > 100  # most frontiers reach 0 before their last option
+
+
+def _climb_plain(hulls, levels, budget):
+    """_climb as written before the run shortcut: every layer at the popped level listed one by one."""
+    import heapq
+
+    used = sum(h[x].mem for h, lv in zip(hulls, levels) for x in lv)
+    heap = [(heu._ratio(h, x), c, x) for c, (h, lv) in enumerate(zip(hulls, levels)) for x in sorted(set(lv))
+            if x + 1 < len(h)]
+    heapq.heapify(heap)
+    while heap:
+        _, c, x = heapq.heappop(heap)
+        h, lv = hulls[c], levels[c]
+        step = h[x + 1].mem - h[x].mem
+        movable = [i for i, v in enumerate(lv) if v == x]
+        k = min(len(movable), max(0, int((budget - used) // step))) if step > 0 else len(movable)
+        for i in movable[:k]:
+            lv[i] = x + 1
+        used += k * step
+        if k and x + 2 < len(h):
+            heapq.heappush(heap, (heu._ratio(h, x + 1), c, x + 1))
+
+
+def test_climb_moves_runs_of_layers_as_the_plain_climb():
+    """The greedy climb moving the run of layers at a level gives the levels the layer-by-layer climb gives, over
+    two climbs in a row (the greedy's second spends what the reserve freed) on random hulls and budgets."""
+    rng = np.random.default_rng(11)
+    cand = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")[0]
+    for _ in range(300):
+        hulls = []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(1, 7))
+            mem = np.cumsum(rng.integers(0, 5, n)) * 100
+            exposed = np.sort(rng.random(n))[::-1]
+            hulls.append([heu.Option(cand, "on_demand", int(m), float(e)) for m, e in zip(mem, exposed)])
+        sizes = [int(rng.integers(1, 9)) for _ in hulls]
+        got, want = [[0] * n for n in sizes], [[0] * n for n in sizes]
+        for budget in sorted(int(b) for b in rng.integers(0, 6000, 2)):
+            heu._climb(hulls, got, budget)
+            _climb_plain(hulls, want, budget)
+            assert got == want

@@ -514,10 +514,13 @@ def _climb(hulls: list[list[Option]], levels: list[list[int]], budget: int) -> N
         _, c, x = heapq.heappop(heap)
         h, lv = hulls[c], levels[c]
         step = h[x + 1].mem - h[x].mem
-        movable = [i for i, v in enumerate(lv) if v == x]
-        k = min(len(movable), max(0, int((budget - used) // step))) if step > 0 else len(movable)
-        for i in movable[:k]:
-            lv[i] = x + 1
+        # A class's levels never rise from one layer to the next (a step moves the first layers at a level, and the
+        # levels start equal), so the layers at level x are a run: its first k move up.
+        movable = lv.count(x)
+        k = min(movable, max(0, int((budget - used) // step))) if step > 0 else movable
+        if k:
+            first = lv.index(x)
+            lv[first:first + k] = [x + 1] * k
         used += k * step
         if k and x + 2 < len(h):
             heapq.heappush(heap, (_ratio(h, x + 1), c, x + 1))
