@@ -682,12 +682,13 @@ def auto_bounds(profile: Profile, limit: int, cache: HullCache) -> list[int]:
     def stage_time(s: int, first: int, end: int) -> float:
         # Stages with the same layers, in-flight count and position at the end share one solution.
         key = (flight[s], seq[first][end - first], end == n, first == 0)
-        if key not in by_structure:
+        got = by_structure.get(key)  # (the split's DP asks tens of thousands of times at depth: one lookup)
+        if got is None:
             model = _model(profile, s, first, end, share_limit(profile, first, end, limit),
-                                p2p_wait_s(profile, first, end))
+                           p2p_wait_s(profile, first, end))
             solved = _greedy(profile, model, cache, fill=False)
-            by_structure[key] = float("inf") if solved is None else solved[1]
-        return by_structure[key]
+            got = by_structure[key] = float("inf") if solved is None else solved[1]
+        return got
 
     bounds, _ = best_bounds(n, p, stage_time, longest=longest)
     return bounds
