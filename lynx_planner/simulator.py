@@ -23,7 +23,6 @@ layer's backward ends, over all the chunks of a rank.
 from __future__ import annotations
 
 import bisect
-import copy
 import heapq
 import math
 from contextlib import contextmanager
@@ -211,6 +210,20 @@ def _costs_of(block: Block) -> dict[tuple, policy.PolicyCost]:
 
 
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
+    """Layer `index` (in the chunk starting at `first`) under `pol`. Within reused_backwards() (a search, whose
+    plans share most layers' policies) made once per layer, policy and place: a pure function of them."""
+    memo = _REUSED[-1] if _REUSED else None
+    if memo is None:
+        return _layer_run(profile, index, pol, first, keeps_input)
+    key = ("run", id(profile), index, first, keeps_input, tuple(pol.keep), tuple(pol.recompute), pol.at,
+           pol.recompute_with, tuple(pol.offload), pol.reload)
+    hit = memo.get(key)
+    if hit is None:  # holding the profile keeps its id from being reused
+        hit = memo[key] = (profile, _layer_run(profile, index, pol, first, keeps_input))
+    return hit[1]
+
+
+def _layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool) -> LayerRun:
     block = profile.blocks[profile.layers[index].block]
     costs_of, key = _costs_of(block), (tuple(pol.keep), tuple(pol.recompute))
     c = costs_of.get(key)
@@ -312,7 +325,19 @@ def with_item_overhead(runs: list[LayerRun], overhead: float) -> list[LayerRun]:
 
 def stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
     """Each layer's forward and backward busy and idle seconds in a chunk [first, end) without recomputation, the
-    waits between layers included (what the searches' stage models read)."""
+    waits between layers included (what the searches' stage models read). Within reused_backwards() (a search, whose
+    stage models ask again for the same chunks) found once per chunk."""
+    memo = _REUSED[-1] if _REUSED else None
+    if memo is None:
+        return _stage_segments(profile, first, end)
+    key = ("segments", id(profile), first, end)
+    hit = memo.get(key)
+    if hit is None:  # holding the profile keeps its id from being reused
+        hit = memo[key] = (profile, _stage_segments(profile, first, end))
+    return list(hit[1])
+
+
+def _stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
     segs = [segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
     waits = streams.layer_waits(profile, list(range(first, end)), [sum(f) for f, _ in segs],
                                 [sum(b) for _, b in segs])
@@ -438,7 +463,8 @@ def _chunk(runs: list[LayerRun], split: bool) -> _Chunk:
         if len(_CHUNKS) >= CHUNK_CACHE_SIZE:
             _CHUNKS.clear()
         got = _CHUNKS[id(runs)] = (runs, tuple(runs), split, _Chunk(runs, split))
-    chunk = copy.copy(got[3])
+    chunk = _Chunk.__new__(_Chunk)  # a shallow copy (copy.copy's steps, without its protocol lookups)
+    chunk.__dict__.update(got[3].__dict__)
     chunk.grad_waits = []
     return chunk
 
@@ -767,8 +793,23 @@ class _Stage:
                     t += dt
                     busy += dt
                     if idle > 0:
-                        if queue:
-                            t, hidden = _serve(queue, mem, t, t + idle, gamma, hidden)
+                        if queue:  # _serve(queue, mem, t, t + idle, gamma, hidden) inlined: most of a search's calls
+                            until = t + idle
+                            cur, cap = t, (until - t) / gamma
+                            while cap > EPS and queue:
+                                task = queue[0]
+                                if not task[2]:
+                                    task[2] = True
+                                    note_t(cur)
+                                    note_d(task[1])
+                                work = task[0] if task[0] < cap else cap
+                                task[0] -= work
+                                cap -= work
+                                hidden += work
+                                cur += work * gamma
+                                if task[0] <= EPS:
+                                    queue.pop(0)
+                            t = until if until > t else t
                         else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
                             t += idle
             note_t(t)
