@@ -560,45 +560,58 @@ class _Stage:
 
     def idle(self, until: float) -> None:
         """The compute stream waits until `until`; the side stream recomputes meanwhile."""
-        cur = self.t
-        if not self.queue:
+        cur, queue = self.t, self.queue
+        if not queue:
             self.t = until if until > cur else cur  # max(cur, until), without the call
             return
-        cap = (until - cur) / self.gamma
-        while cap > EPS and self.queue:
-            task = self.queue[0]
+        gamma, hidden, tracing = self.gamma, self.hidden, self.trace is not None
+        cap = (until - cur) / gamma
+        while cap > EPS and queue:
+            task = queue[0]
             if not task.started:
                 task.started = True
                 self.mem.note(cur, task.nbytes)
-            work = min(task.rem, cap)
-            task.rem -= work
+            rem = task.rem
+            work = cap if cap < rem else rem  # min(rem, cap), without the call
+            task.rem = rem - work
             cap -= work
-            self.hidden += work
-            if self.trace is not None:
+            hidden += work
+            if tracing:
                 self._event("recompute (side)", f"R mb{task.mb} L{self.chunks[task.chunk].runs[task.layer].index}", cur,
-                            work * self.gamma)
-            cur += work * self.gamma
+                            work * gamma)
+            cur += work * gamma
             if task.rem <= EPS:
-                self.queue.pop(0)
+                queue.pop(0)
+        self.hidden = hidden
         self.t = until if until > self.t else self.t
 
     def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int,
                   waits_for: tuple[str, ...] = ()) -> None:
-        if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
-            self.busy += sums[0]
-            self.t += sums[0] + sums[1]
-            return
-        tracing = self.trace is not None
-        name = f"{action} mb{k} L{index}" if tracing else ""
-        for i, dt in enumerate(segs):
-            if i % 2 == 0:
-                if tracing:
-                    self._event(streams.COMPUTE, name, self.t, dt)
+        queue = self.queue
+        if self.trace is None:
+            if not queue:  # nothing to recompute in the idle parts: skip through
+                self.busy += sums[0]
+                self.t += sums[0] + sums[1]
+                return
+            segs = iter(segs)  # (busy, idle) pairs; idle() only while the side stream has work
+            for dt in segs:
                 self.t += dt
                 self.busy += dt
-            elif dt > 0:
-                if tracing:  # the wait, on the stream the compute waits for
-                    self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
+                wait = next(segs, 0.0)
+                if wait > 0:
+                    if queue:
+                        self.idle(self.t + wait)
+                    else:  # idle() with nothing queued: max(t, t + wait), which is t + wait
+                        self.t += wait
+            return
+        name = f"{action} mb{k} L{index}"
+        for i, dt in enumerate(segs):
+            if i % 2 == 0:
+                self._event(streams.COMPUTE, name, self.t, dt)
+                self.t += dt
+                self.busy += dt
+            elif dt > 0:  # the wait, on the stream the compute waits for
+                self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
                 self.idle(self.t + dt)
 
     def _spans(self, r: LayerRun, phase: str, k: int) -> None:
