@@ -802,29 +802,34 @@ class _Stage:
                 busy += sums[0]
                 t += sums[0] + sums[1]
             else:
-                for dt, idle in pairs:
+                steps = iter(pairs)
+                for dt, idle in steps:
                     t += dt
                     busy += dt
-                    if idle > 0:
-                        if queue:  # _serve(queue, mem, t, t + idle, gamma, hidden) inlined: most of a search's calls
-                            until = t + idle
-                            cur, cap = t, (until - t) / gamma
-                            while cap > EPS and queue:
-                                task = queue[0]
-                                if not task[2]:
-                                    task[2] = True
-                                    note_t(cur)
-                                    note_d(task[1])
-                                work = task[0] if task[0] < cap else cap
-                                task[0] -= work
-                                cap -= work
-                                hidden += work
-                                cur += work * gamma
-                                if task[0] <= EPS:
-                                    queue.pop(0)
-                            t = until if until > t else t
-                        else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
-                            t += idle
+                    if idle > 0:  # _serve(queue, mem, t, t + idle, gamma, hidden) inlined: most of a search's calls
+                        until = t + idle
+                        cur, cap = t, (until - t) / gamma
+                        while cap > EPS and queue:
+                            task = queue[0]
+                            if not task[2]:
+                                task[2] = True
+                                note_t(cur)
+                                note_d(task[1])
+                            rem = task[0]
+                            work = rem if rem < cap else cap
+                            task[0] = rem = rem - work
+                            cap -= work
+                            hidden += work
+                            cur += work * gamma
+                            if rem <= EPS:
+                                del queue[0]
+                        t = until if until > t else t
+                        if not queue:  # the layer's other segments as idle() with nothing queued: t + idle each
+                            for dt, idle in steps:  # (idle() adds none of 0 seconds, and t + 0.0 is t)
+                                t += dt
+                                busy += dt
+                                t += idle
+                            break
             note_t(t)
             note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
@@ -1188,8 +1193,9 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
     sync, scale, copies, step, gather = _tail_costs(profile, s, p, layers)
     t = dp_free_s
     for i, dt, at in zip(reversed(layers), reversed(sync), reversed(ready_at)):
-        start = max(t, at)
-        event(f"DP grad L{i}", start, dt)
+        start = at if at > t else t  # max(t, at), without the call (a search runs this per rank and layer)
+        if events is not None:
+            event(f"DP grad L{i}", start, dt)
         t = start + dt
     t = max(t, end_s)
     if scale > 0:  # torch's pipeline schedule
