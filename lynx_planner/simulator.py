@@ -410,6 +410,9 @@ class _Chunk:
         self.fwd_sums = [(sum(r.fwd[0::2]), sum(r.fwd[1::2])) for r in runs]
         self.bwd_sums = [(sum(r.bwd[0::2]), sum(r.bwd[1::2])) for r in runs]
         self.bwd_input_sums = [(sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2])) for r in runs]
+        # and as (busy, idle) pairs: what _segments walks when something is queued
+        self.fwd_pairs = [_pairs(r.fwd) for r in runs]
+        self.bwd_pairs = [_pairs(r.bwd_input if split else r.bwd) for r in runs]
         self.grad_waits: list[float] = []
         # Per layer, what backward() reads for every micro-batch, looked up once: whether the layer below it is
         # released layer_above here, the uniform-chunk layers it recomputes, and whether it recomputes at all.
@@ -440,7 +443,7 @@ class _Chunk:
         # whether it recomputes, its run, its backward's (busy, idle) segment pairs and their sums, the bytes its end
         # frees or holds, the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           _pairs(r.bwd_input if split else r.bwd), sums[l], straight[-2], straight[-1])
+                           self.bwd_pairs[l], sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
 
 
@@ -549,7 +552,8 @@ class _Stage:
             self.released[(k, self.chunks[c].runs[l].index)] = (trigger, action)
 
     def release(self, c: int, k: int, l: int, trigger: str, action: tuple[str, int]) -> None:
-        self._log(c, k, l, trigger, action)
+        if self.trace is not None:
+            self._log(c, k, l, trigger, action)
         r = self.chunks[c].runs[l]
         task = _Task(r.rec_s, (self.deadline[(c, k)], -l), r.rec_bytes, c, l, k)
         self.tasks[(c, k, l)] = task
@@ -585,19 +589,19 @@ class _Stage:
         self.hidden = hidden
         self.t = until if until > self.t else self.t
 
-    def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int,
-                  waits_for: tuple[str, ...] = ()) -> None:
+    def _segments(self, segs: tuple[float, ...], pairs: tuple[tuple[float, float], ...], sums: tuple[float, float],
+                  action: str, k: int, index: int, waits_for: tuple[str, ...] = ()) -> None:
+        """A layer's busy and idle segments (`segs`; as (busy, idle) `pairs`, and their sums) on the compute stream; the
+        side stream recomputes in the idle ones."""
         queue = self.queue
         if self.trace is None:
             if not queue:  # nothing to recompute in the idle parts: skip through
                 self.busy += sums[0]
                 self.t += sums[0] + sums[1]
                 return
-            segs = iter(segs)  # (busy, idle) pairs; idle() only while the side stream has work
-            for dt in segs:
+            for dt, wait in pairs:  # idle() only while the side stream has work
                 self.t += dt
                 self.busy += dt
-                wait = next(segs, 0.0)
                 if wait > 0:
                     if queue:
                         self.idle(self.t + wait)
@@ -650,10 +654,13 @@ class _Stage:
             rc, rk = releases
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
+        tracing, note_t, note_d = self.trace is not None, self.mem.times.append, self.mem.deltas.append
         for l, r in enumerate(ch.runs):
-            self._spans(r, "F", k)
-            self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
-            self.mem.note(self.t, r.kept_bytes)
+            if tracing:
+                self._spans(r, "F", k)
+            self._segments(r.fwd, ch.fwd_pairs[l], ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
+            note_t(self.t)
+            note_d(r.kept_bytes)
             if r.off_bytes:  # the copy out, queued behind earlier ones; the device bytes are freed when it ends
                 start, end = self.copy.send((c, k, l), self.t, r.off_bytes, r.off_copies)
                 self.mem.note(end, -r.off_bytes)
@@ -693,7 +700,7 @@ class _Stage:
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
         self.idle(ready)
-        split = self.split
+        split, tracing, note_t, note_d = self.split, self.trace is not None, self.mem.times.append, self.mem.deltas.append
         sums = ch.bwd_input_sums if split else ch.bwd_sums
         for l, r, below_la, uniform, recomputes in ch.bwd_plan:
             if below_la and l > 0:
@@ -714,15 +721,18 @@ class _Stage:
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
             if r.off_bytes:
                 self._await_reload(c, k, l)
-            self._spans(r, "B", k)
+            if tracing:
+                self._spans(r, "B", k)
             if r.bwd_transient:
-                self.mem.note(self.t, r.bwd_transient)
-            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
+                note_t(self.t)
+                note_d(r.bwd_transient)
+            self._segments(r.bwd_input if split else r.bwd, ch.bwd_pairs[l], sums[l], "B", k, r.index,
                            r.bwd_input_streams if split else r.bwd_streams)
+            note_t(self.t)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self.mem.note(self.t, r.wgrad_bytes - r.bwd_transient)
+                note_d(r.wgrad_bytes - r.bwd_transient)
             else:
-                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes + r.bwd_transient))
+                note_d(-(r.kept_bytes + r.rec_bytes + r.bwd_transient))
 
     def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
