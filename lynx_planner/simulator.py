@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
-from operator import ne
+from operator import attrgetter, ne
 
 from . import costs, offload, placements, policy, schedules, streams
 from .parallel import optimizer_shards
@@ -355,7 +355,8 @@ def in_flight(kind: str, p: int, s: int, m: int, v: int = 1) -> int:
     return schedules.in_flight(kind, p, v, s, m)
 
 
-@dataclass(eq=False)  # one task per (micro-batch, layer): compared by identity (fast queue removal)
+# one task per (micro-batch, layer): compared by identity (fast queue removal); slots: made and read per release
+@dataclass(eq=False, slots=True)
 class _Task:
     rem: float
     key: tuple[int, int]  # (deadline: position of the backward in the rank's order, -layer position)
@@ -366,8 +367,7 @@ class _Task:
     started: bool = False
 
 
-def _deadline(task: _Task) -> tuple[int, int]:
-    return task.key
+_deadline = attrgetter("key")  # a task's (deadline, -layer): the queue's order (in C: bisect calls it per comparison)
 
 
 @dataclass
@@ -569,12 +569,14 @@ class _Stage:
             self.t = until if until > cur else cur  # max(cur, until), without the call
             return
         gamma, hidden, tracing = self.gamma, self.hidden, self.trace is not None
+        note_t, note_d = self.mem.times.append, self.mem.deltas.append
         cap = (until - cur) / gamma
         while cap > EPS and queue:
             task = queue[0]
             if not task.started:
                 task.started = True
-                self.mem.note(cur, task.nbytes)
+                note_t(cur)
+                note_d(task.nbytes)
             rem = task.rem
             work = cap if cap < rem else rem  # min(rem, cap), without the call
             task.rem = rem - work
