@@ -402,17 +402,24 @@ class _Chunk:
     def __init__(self, runs: list[LayerRun], split: bool):
         self.runs = runs
         n = len(runs)
-        self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
-        self.by_at = {at: [l for l in range(n) if runs[l].at == at and self.recomputes[l]]
-                      for at in ("grad_wait", "prev_forward", "layer_above")}
-        self.chunk = {m: [l for l in range(n) if runs[l].trigger == m] for m in range(n)}
+        tables = [_layer_tables(r, split) for r in runs]
+        self.recomputes = [x[0] for x in tables]
+        # per placement, its recomputing layers; per layer, the uniform-chunk layers it recomputes (one pass each: a
+        # search derives a chunk for each new plan of it)
+        self.by_at = {"grad_wait": [], "prev_forward": [], "layer_above": []}
+        self.chunk = {m: [] for m in range(n)}
+        for l, r in enumerate(runs):
+            if self.recomputes[l] and r.at in self.by_at:
+                self.by_at[r.at].append(l)
+            if r.trigger in self.chunk:
+                self.chunk[r.trigger].append(l)
         # (busy, idle) seconds of each layer's forward and backward: the fast path when nothing is queued
-        self.fwd_sums = [(sum(r.fwd[0::2]), sum(r.fwd[1::2])) for r in runs]
-        self.bwd_sums = [(sum(r.bwd[0::2]), sum(r.bwd[1::2])) for r in runs]
-        self.bwd_input_sums = [(sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2])) for r in runs]
+        self.fwd_sums = [x[1] for x in tables]
+        self.bwd_sums = [x[2] for x in tables]
+        self.bwd_input_sums = [x[3] for x in tables]
         # and as (busy, idle) pairs: what _segments walks when something is queued
-        self.fwd_pairs = [_pairs(r.fwd) for r in runs]
-        self.bwd_pairs = [_pairs(r.bwd_input if split else r.bwd) for r in runs]
+        self.fwd_pairs = [x[4] for x in tables]
+        self.bwd_pairs = [x[5] for x in tables]
         self.grad_waits: list[float] = []
         # Per layer, what backward() reads for every micro-batch, looked up once: whether the layer below it is
         # released layer_above here, the uniform-chunk layers it recomputes, and whether it recomputes at all.
@@ -428,12 +435,9 @@ class _Chunk:
         self.reload_below = [l > 0 and runs[l - 1].off_bytes > 0 and runs[l - 1].reload == "layer_above"
                              for l in range(n)]
         self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs) and not self.offloads
-        self.fwd_straight = [(busy, busy + idle, r.kept_bytes) for (busy, idle), r in zip(self.fwd_sums, runs)]
+        self.fwd_straight = [x[6] for x in tables]
         sums = self.bwd_input_sums if split else self.bwd_sums
-        self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
-                              (r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes)) - r.bwd_transient,
-                              r.bwd_transient)
-                             for l, r in reversed(list(enumerate(runs)))]
+        self.bwd_straight = [x[7] for x in reversed(tables)]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
         # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
         self.local = not self.straight and not self.by_at["prev_forward"] and not self.offloads
@@ -445,6 +449,37 @@ class _Chunk:
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
                            self.bwd_pairs[l], sums[l], straight[-2], straight[-1])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
+
+
+# A search's chunks share most of their layers' runs (layer_run makes one per layer, policy and place): what a _Chunk
+# derives of each run alone is derived once per run. Keyed by the run's id, the run held (so its id is not reused);
+# cleared when full.
+_LAYER_TABLES: dict[tuple[int, bool], tuple] = {}
+LAYER_TABLE_CACHE_SIZE = 1 << 14
+
+
+def _layer_tables(r: LayerRun, split: bool) -> tuple:
+    """What a _Chunk reads of one layer's run (a pure function of it): whether it recomputes (released as a task or
+    on demand); its forward's, backward's and split backward's (busy, idle) sums; its forward's and (split or whole)
+    backward's (busy, idle) pairs; its straight forward's (busy, busy + idle, kept bytes) and straight backward's
+    (recomputed bytes or None, recompute seconds, busy, busy + idle, bytes freed or held at its end less the loss's
+    gradients, the loss's gradients)."""
+    got = _LAYER_TABLES.get((id(r), split))
+    if got is not None and got[0] is r:
+        return got[1]
+    recomputes = (r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None
+    fwd = (sum(r.fwd[0::2]), sum(r.fwd[1::2]))
+    bwd = (sum(r.bwd[0::2]), sum(r.bwd[1::2]))
+    bwd_input = (sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2]))
+    busy, idle = bwd_input if split else bwd
+    tables = (recomputes, fwd, bwd, bwd_input, _pairs(r.fwd), _pairs(r.bwd_input if split else r.bwd),
+              (fwd[0], fwd[0] + fwd[1], r.kept_bytes),
+              (r.rec_bytes if recomputes else None, r.rec_s, busy, busy + idle,
+               (r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes)) - r.bwd_transient, r.bwd_transient))
+    if len(_LAYER_TABLES) >= LAYER_TABLE_CACHE_SIZE:
+        _LAYER_TABLES.clear()
+    _LAYER_TABLES[(id(r), split)] = (r, tables)
+    return tables
 
 
 def _pairs(segs: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
