@@ -444,10 +444,10 @@ class _Chunk:
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's (busy, idle) segment pairs and their sums, the bytes its end
-        # frees or holds, the loss's gradients held over it)
+        # whether it recomputes, its run, its backward's (busy, idle) segment pairs, their busy and busy + idle sums,
+        # the bytes its end frees or holds, the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           self.bwd_pairs[l], sums[l], straight[-2], straight[-1])
+                           self.bwd_pairs[l], *straight[2:])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
 
 
@@ -812,7 +812,7 @@ class _Stage:
             t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
         else:
             t = ready if ready > t else t
-        for l, below, uniform, recomputes, r, pairs, sums, freed, transient in ch.bwd_local:
+        for l, below, uniform, recomputes, r, pairs, segs_busy, segs_s, freed, transient in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
                 pending[l - 1] = task
@@ -846,8 +846,8 @@ class _Stage:
                 note_t(t)
                 note_d(transient)
             if not queue:  # as _segments with nothing queued
-                busy += sums[0]
-                t += sums[0] + sums[1]
+                busy += segs_busy
+                t += segs_s
             else:
                 steps = iter(pairs)
                 for dt, idle in steps:
@@ -946,7 +946,8 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
 # A search simulates many plans that share chunks, and their timelines agree until the first item their
 # differences reach (a rank's items before it start from the same state): within reused_backwards(), a local backward
 # (_Stage.backward_local: a pure function of its chunk's tables, the rank's clock, busy, exposed and hidden seconds,
-# its ready time and the interference factor) is run once per such state and replayed after, bit for bit.
+# its ready time and the interference factor) is run once per such state and replayed after, bit for bit. The same
+# block holds what else a search asks again with the same arguments: layer_run, stage_segments and _tail_costs.
 _REUSED: list[dict] = []
 REUSED_BACKWARDS = 1 << 16  # entries kept (each a backward's few memory events); cleared when full
 
