@@ -23,14 +23,13 @@ layer's backward ends, over all the chunks of a rank.
 from __future__ import annotations
 
 import bisect
-import copy
 import heapq
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import accumulate, compress, islice
-from operator import ne
+from operator import attrgetter, ne
 
 from . import costs, offload, placements, policy, schedules, streams
 from .parallel import optimizer_shards
@@ -211,6 +210,20 @@ def _costs_of(block: Block) -> dict[tuple, policy.PolicyCost]:
 
 
 def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool = True) -> LayerRun:
+    """Layer `index` (in the chunk starting at `first`) under `pol`. Within reused_backwards() (a search, whose
+    plans share most layers' policies) made once per layer, policy and place: a pure function of them."""
+    memo = _REUSED[-1] if _REUSED else None
+    if memo is None:
+        return _layer_run(profile, index, pol, first, keeps_input)
+    key = ("run", id(profile), index, first, keeps_input, tuple(pol.keep), tuple(pol.recompute), pol.at,
+           pol.recompute_with, tuple(pol.offload), pol.reload)
+    hit = memo.get(key)
+    if hit is None:  # holding the profile keeps its id from being reused
+        hit = memo[key] = (profile, _layer_run(profile, index, pol, first, keeps_input))
+    return hit[1]
+
+
+def _layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_input: bool) -> LayerRun:
     block = profile.blocks[profile.layers[index].block]
     costs_of, key = _costs_of(block), (tuple(pol.keep), tuple(pol.recompute))
     c = costs_of.get(key)
@@ -312,7 +325,19 @@ def with_item_overhead(runs: list[LayerRun], overhead: float) -> list[LayerRun]:
 
 def stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
     """Each layer's forward and backward busy and idle seconds in a chunk [first, end) without recomputation, the
-    waits between layers included (what the searches' stage models read)."""
+    waits between layers included (what the searches' stage models read). Within reused_backwards() (a search, whose
+    stage models ask again for the same chunks) found once per chunk."""
+    memo = _REUSED[-1] if _REUSED else None
+    if memo is None:
+        return _stage_segments(profile, first, end)
+    key = ("segments", id(profile), first, end)
+    hit = memo.get(key)
+    if hit is None:  # holding the profile keeps its id from being reused
+        hit = memo[key] = (profile, _stage_segments(profile, first, end))
+    return list(hit[1])
+
+
+def _stage_segments(profile: Profile, first: int, end: int) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
     segs = [segments(profile, profile.blocks[profile.layers[i].block]) for i in range(first, end)]
     waits = streams.layer_waits(profile, list(range(first, end)), [sum(f) for f, _ in segs],
                                 [sum(b) for _, b in segs])
@@ -330,7 +355,8 @@ def in_flight(kind: str, p: int, s: int, m: int, v: int = 1) -> int:
     return schedules.in_flight(kind, p, v, s, m)
 
 
-@dataclass(eq=False)  # one task per (micro-batch, layer): compared by identity (fast queue removal)
+# one task per (micro-batch, layer): compared by identity (fast queue removal); slots: made and read per release
+@dataclass(eq=False, slots=True)
 class _Task:
     rem: float
     key: tuple[int, int]  # (deadline: position of the backward in the rank's order, -layer position)
@@ -341,8 +367,7 @@ class _Task:
     started: bool = False
 
 
-def _deadline(task: _Task) -> tuple[int, int]:
-    return task.key
+_deadline = attrgetter("key")  # a task's (deadline, -layer): the queue's order (in C: bisect calls it per comparison)
 
 
 @dataclass
@@ -377,14 +402,24 @@ class _Chunk:
     def __init__(self, runs: list[LayerRun], split: bool):
         self.runs = runs
         n = len(runs)
-        self.recomputes = [(r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None for r in runs]
-        self.by_at = {at: [l for l in range(n) if runs[l].at == at and self.recomputes[l]]
-                      for at in ("grad_wait", "prev_forward", "layer_above")}
-        self.chunk = {m: [l for l in range(n) if runs[l].trigger == m] for m in range(n)}
+        tables = [_layer_tables(r, split) for r in runs]
+        self.recomputes = [x[0] for x in tables]
+        # per placement, its recomputing layers; per layer, the uniform-chunk layers it recomputes (one pass each: a
+        # search derives a chunk for each new plan of it)
+        self.by_at = {"grad_wait": [], "prev_forward": [], "layer_above": []}
+        self.chunk = {m: [] for m in range(n)}
+        for l, r in enumerate(runs):
+            if self.recomputes[l] and r.at in self.by_at:
+                self.by_at[r.at].append(l)
+            if r.trigger in self.chunk:
+                self.chunk[r.trigger].append(l)
         # (busy, idle) seconds of each layer's forward and backward: the fast path when nothing is queued
-        self.fwd_sums = [(sum(r.fwd[0::2]), sum(r.fwd[1::2])) for r in runs]
-        self.bwd_sums = [(sum(r.bwd[0::2]), sum(r.bwd[1::2])) for r in runs]
-        self.bwd_input_sums = [(sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2])) for r in runs]
+        self.fwd_sums = [x[1] for x in tables]
+        self.bwd_sums = [x[2] for x in tables]
+        self.bwd_input_sums = [x[3] for x in tables]
+        # and as (busy, idle) pairs: what _segments walks when something is queued
+        self.fwd_pairs = [x[4] for x in tables]
+        self.bwd_pairs = [x[5] for x in tables]
         self.grad_waits: list[float] = []
         # Per layer, what backward() reads for every micro-batch, looked up once: whether the layer below it is
         # released layer_above here, the uniform-chunk layers it recomputes, and whether it recomputes at all.
@@ -400,23 +435,51 @@ class _Chunk:
         self.reload_below = [l > 0 and runs[l - 1].off_bytes > 0 and runs[l - 1].reload == "layer_above"
                              for l in range(n)]
         self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs) and not self.offloads
-        self.fwd_straight = [(busy, busy + idle, r.kept_bytes) for (busy, idle), r in zip(self.fwd_sums, runs)]
+        self.fwd_straight = [x[6] for x in tables]
         sums = self.bwd_input_sums if split else self.bwd_sums
-        self.bwd_straight = [(r.rec_bytes if self.recomputes[l] else None, r.rec_s, sums[l][0], sums[l][0] + sums[l][1],
-                              (r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes)) - r.bwd_transient,
-                              r.bwd_transient)
-                             for l, r in reversed(list(enumerate(runs)))]
+        self.bwd_straight = [x[7] for x in reversed(tables)]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
         # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
         self.local = not self.straight and not self.by_at["prev_forward"] and not self.offloads
         self.first_released = [(l, runs[l]) for l in
                                sorted(self.by_at["grad_wait"] + ([n - 1] if self.top_la else []), reverse=True)]
         # per layer, top down: (layer, the layer below if released layer_above here, uniform layers it recomputes,
-        # whether it recomputes, its run, its backward's (busy, idle) segment pairs and their sums, the bytes its end
-        # frees or holds, the loss's gradients held over it)
+        # whether it recomputes, its run, its backward's (busy, idle) segment pairs, their busy and busy + idle sums,
+        # the bytes its end frees or holds, the loss's gradients held over it)
         self.bwd_local = [(l, runs[l - 1] if below_la and l > 0 else None, [runs[u] for u in uniform], recomputes, r,
-                           _pairs(r.bwd_input if split else r.bwd), sums[l], straight[-2], straight[-1])
+                           self.bwd_pairs[l], *straight[2:])
                           for (l, r, below_la, uniform, recomputes), straight in zip(self.bwd_plan, self.bwd_straight)]
+
+
+# A search's chunks share most of their layers' runs (layer_run makes one per layer, policy and place): what a _Chunk
+# derives of each run alone is derived once per run. Keyed by the run's id, the run held (so its id is not reused);
+# cleared when full.
+_LAYER_TABLES: dict[tuple[int, bool], tuple] = {}
+LAYER_TABLE_CACHE_SIZE = 1 << 14
+
+
+def _layer_tables(r: LayerRun, split: bool) -> tuple:
+    """What a _Chunk reads of one layer's run (a pure function of it): whether it recomputes (released as a task or
+    on demand); its forward's, backward's and split backward's (busy, idle) sums; its forward's and (split or whole)
+    backward's (busy, idle) pairs; its straight forward's (busy, busy + idle, kept bytes) and straight backward's
+    (recomputed bytes or None, recompute seconds, busy, busy + idle, bytes freed or held at its end less the loss's
+    gradients, the loss's gradients)."""
+    got = _LAYER_TABLES.get((id(r), split))
+    if got is not None and got[0] is r:
+        return got[1]
+    recomputes = (r.rec_s > 0 or r.rec_bytes > 0) and r.trigger is None
+    fwd = (sum(r.fwd[0::2]), sum(r.fwd[1::2]))
+    bwd = (sum(r.bwd[0::2]), sum(r.bwd[1::2]))
+    bwd_input = (sum(r.bwd_input[0::2]), sum(r.bwd_input[1::2]))
+    busy, idle = bwd_input if split else bwd
+    tables = (recomputes, fwd, bwd, bwd_input, _pairs(r.fwd), _pairs(r.bwd_input if split else r.bwd),
+              (fwd[0], fwd[0] + fwd[1], r.kept_bytes),
+              (r.rec_bytes if recomputes else None, r.rec_s, busy, busy + idle,
+               (r.wgrad_bytes if split else -(r.kept_bytes + r.rec_bytes)) - r.bwd_transient, r.bwd_transient))
+    if len(_LAYER_TABLES) >= LAYER_TABLE_CACHE_SIZE:
+        _LAYER_TABLES.clear()
+    _LAYER_TABLES[(id(r), split)] = (r, tables)
+    return tables
 
 
 def _pairs(segs: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
@@ -438,7 +501,8 @@ def _chunk(runs: list[LayerRun], split: bool) -> _Chunk:
         if len(_CHUNKS) >= CHUNK_CACHE_SIZE:
             _CHUNKS.clear()
         got = _CHUNKS[id(runs)] = (runs, tuple(runs), split, _Chunk(runs, split))
-    chunk = copy.copy(got[3])
+    chunk = _Chunk.__new__(_Chunk)  # a shallow copy (copy.copy's steps, without its protocol lookups)
+    chunk.__dict__.update(got[3].__dict__)
     chunk.grad_waits = []
     return chunk
 
@@ -523,7 +587,8 @@ class _Stage:
             self.released[(k, self.chunks[c].runs[l].index)] = (trigger, action)
 
     def release(self, c: int, k: int, l: int, trigger: str, action: tuple[str, int]) -> None:
-        self._log(c, k, l, trigger, action)
+        if self.trace is not None:
+            self._log(c, k, l, trigger, action)
         r = self.chunks[c].runs[l]
         task = _Task(r.rec_s, (self.deadline[(c, k)], -l), r.rec_bytes, c, l, k)
         self.tasks[(c, k, l)] = task
@@ -534,45 +599,60 @@ class _Stage:
 
     def idle(self, until: float) -> None:
         """The compute stream waits until `until`; the side stream recomputes meanwhile."""
-        cur = self.t
-        if not self.queue:
+        cur, queue = self.t, self.queue
+        if not queue:
             self.t = until if until > cur else cur  # max(cur, until), without the call
             return
-        cap = (until - cur) / self.gamma
-        while cap > EPS and self.queue:
-            task = self.queue[0]
+        gamma, hidden, tracing = self.gamma, self.hidden, self.trace is not None
+        note_t, note_d = self.mem.times.append, self.mem.deltas.append
+        cap = (until - cur) / gamma
+        while cap > EPS and queue:
+            task = queue[0]
             if not task.started:
                 task.started = True
-                self.mem.note(cur, task.nbytes)
-            work = min(task.rem, cap)
-            task.rem -= work
+                note_t(cur)
+                note_d(task.nbytes)
+            rem = task.rem
+            work = cap if cap < rem else rem  # min(rem, cap), without the call
+            task.rem = rem - work
             cap -= work
-            self.hidden += work
-            if self.trace is not None:
+            hidden += work
+            if tracing:
                 self._event("recompute (side)", f"R mb{task.mb} L{self.chunks[task.chunk].runs[task.layer].index}", cur,
-                            work * self.gamma)
-            cur += work * self.gamma
+                            work * gamma)
+            cur += work * gamma
             if task.rem <= EPS:
-                self.queue.pop(0)
+                queue.pop(0)
+        self.hidden = hidden
         self.t = until if until > self.t else self.t
 
-    def _segments(self, segs: tuple[float, ...], sums: tuple[float, float], action: str, k: int, index: int,
-                  waits_for: tuple[str, ...] = ()) -> None:
-        if not self.queue and self.trace is None:  # nothing to recompute in the idle parts: skip through
-            self.busy += sums[0]
-            self.t += sums[0] + sums[1]
-            return
-        tracing = self.trace is not None
-        name = f"{action} mb{k} L{index}" if tracing else ""
-        for i, dt in enumerate(segs):
-            if i % 2 == 0:
-                if tracing:
-                    self._event(streams.COMPUTE, name, self.t, dt)
+    def _segments(self, segs: tuple[float, ...], pairs: tuple[tuple[float, float], ...], sums: tuple[float, float],
+                  action: str, k: int, index: int, waits_for: tuple[str, ...] = ()) -> None:
+        """A layer's busy and idle segments (`segs`; as (busy, idle) `pairs`, and their sums) on the compute stream; the
+        side stream recomputes in the idle ones."""
+        queue = self.queue
+        if self.trace is None:
+            if not queue:  # nothing to recompute in the idle parts: skip through
+                self.busy += sums[0]
+                self.t += sums[0] + sums[1]
+                return
+            for dt, wait in pairs:  # idle() only while the side stream has work
                 self.t += dt
                 self.busy += dt
-            elif dt > 0:
-                if tracing:  # the wait, on the stream the compute waits for
-                    self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
+                if wait > 0:
+                    if queue:
+                        self.idle(self.t + wait)
+                    else:  # idle() with nothing queued: max(t, t + wait), which is t + wait
+                        self.t += wait
+            return
+        name = f"{action} mb{k} L{index}"
+        for i, dt in enumerate(segs):
+            if i % 2 == 0:
+                self._event(streams.COMPUTE, name, self.t, dt)
+                self.t += dt
+                self.busy += dt
+            elif dt > 0:  # the wait, on the stream the compute waits for
+                self._event(waits_for[i // 2] if waits_for else streams.TP, name, self.t, dt)
                 self.idle(self.t + dt)
 
     def _spans(self, r: LayerRun, phase: str, k: int) -> None:
@@ -611,10 +691,13 @@ class _Stage:
             rc, rk = releases
             for l in self.chunks[rc].by_at["prev_forward"]:
                 self.release(rc, rk, l, "prev_forward", ("F", k))
+        tracing, note_t, note_d = self.trace is not None, self.mem.times.append, self.mem.deltas.append
         for l, r in enumerate(ch.runs):
-            self._spans(r, "F", k)
-            self._segments(r.fwd, ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
-            self.mem.note(self.t, r.kept_bytes)
+            if tracing:
+                self._spans(r, "F", k)
+            self._segments(r.fwd, ch.fwd_pairs[l], ch.fwd_sums[l], "F", k, r.index, r.fwd_streams)
+            note_t(self.t)
+            note_d(r.kept_bytes)
             if r.off_bytes:  # the copy out, queued behind earlier ones; the device bytes are freed when it ends
                 start, end = self.copy.send((c, k, l), self.t, r.off_bytes, r.off_copies)
                 self.mem.note(end, -r.off_bytes)
@@ -654,7 +737,7 @@ class _Stage:
         self.grad_waits.append(wait)
         ch.grad_waits.append(wait)
         self.idle(ready)
-        split = self.split
+        split, tracing, note_t, note_d = self.split, self.trace is not None, self.mem.times.append, self.mem.deltas.append
         sums = ch.bwd_input_sums if split else ch.bwd_sums
         for l, r, below_la, uniform, recomputes in ch.bwd_plan:
             if below_la and l > 0:
@@ -675,15 +758,18 @@ class _Stage:
                     self._expose(k, r.index, r.rec_s, r.rec_bytes, False)
             if r.off_bytes:
                 self._await_reload(c, k, l)
-            self._spans(r, "B", k)
+            if tracing:
+                self._spans(r, "B", k)
             if r.bwd_transient:
-                self.mem.note(self.t, r.bwd_transient)
-            self._segments(r.bwd_input if split else r.bwd, sums[l], "B", k, r.index,
+                note_t(self.t)
+                note_d(r.bwd_transient)
+            self._segments(r.bwd_input if split else r.bwd, ch.bwd_pairs[l], sums[l], "B", k, r.index,
                            r.bwd_input_streams if split else r.bwd_streams)
+            note_t(self.t)
             if split:  # the weight gradients wait for W: the layer's graph stays, with their output gradients
-                self.mem.note(self.t, r.wgrad_bytes - r.bwd_transient)
+                note_d(r.wgrad_bytes - r.bwd_transient)
             else:
-                self.mem.note(self.t, -(r.kept_bytes + r.rec_bytes + r.bwd_transient))
+                note_d(-(r.kept_bytes + r.rec_bytes + r.bwd_transient))
 
     def backward_local(self, ch: _Chunk, ready: float) -> None:
         """B of a chunk whose recomputation is all released in its own backward (gradient wait, layer_above) or runs
@@ -726,7 +812,7 @@ class _Stage:
             t, hidden = _serve(queue, mem, t, ready, gamma, hidden)
         else:
             t = ready if ready > t else t
-        for l, below, uniform, recomputes, r, pairs, sums, freed, transient in ch.bwd_local:
+        for l, below, uniform, recomputes, r, pairs, segs_busy, segs_s, freed, transient in ch.bwd_local:
             if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
                 task = [below.rec_s, below.rec_bytes, False, l - 1]
                 pending[l - 1] = task
@@ -760,17 +846,37 @@ class _Stage:
                 note_t(t)
                 note_d(transient)
             if not queue:  # as _segments with nothing queued
-                busy += sums[0]
-                t += sums[0] + sums[1]
+                busy += segs_busy
+                t += segs_s
             else:
-                for dt, idle in pairs:
+                steps = iter(pairs)
+                for dt, idle in steps:
                     t += dt
                     busy += dt
-                    if idle > 0:
-                        if queue:
-                            t, hidden = _serve(queue, mem, t, t + idle, gamma, hidden)
-                        else:  # idle() with nothing queued: max(t, t + dt), which is t + dt
-                            t += idle
+                    if idle > 0:  # _serve(queue, mem, t, t + idle, gamma, hidden) inlined: most of a search's calls
+                        until = t + idle
+                        cur, cap = t, (until - t) / gamma
+                        while cap > EPS and queue:
+                            task = queue[0]
+                            if not task[2]:
+                                task[2] = True
+                                note_t(cur)
+                                note_d(task[1])
+                            rem = task[0]
+                            work = rem if rem < cap else cap
+                            task[0] = rem = rem - work
+                            cap -= work
+                            hidden += work
+                            cur += work * gamma
+                            if rem <= EPS:
+                                del queue[0]
+                        t = until if until > t else t
+                        if not queue:  # the layer's other segments as idle() with nothing queued: t + idle each
+                            for dt, idle in steps:  # (idle() adds none of 0 seconds, and t + 0.0 is t)
+                                t += dt
+                                busy += dt
+                                t += idle
+                            break
             note_t(t)
             note_d(freed)
         self.t, self.busy, self.exposed, self.hidden = t, busy, exposed, hidden
@@ -840,7 +946,8 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
 # A search simulates many plans that share chunks, and their timelines agree until the first item their
 # differences reach (a rank's items before it start from the same state): within reused_backwards(), a local backward
 # (_Stage.backward_local: a pure function of its chunk's tables, the rank's clock, busy, exposed and hidden seconds,
-# its ready time and the interference factor) is run once per such state and replayed after, bit for bit.
+# its ready time and the interference factor) is run once per such state and replayed after, bit for bit. The same
+# block holds what else a search asks again with the same arguments: layer_run, stage_segments and _tail_costs.
 _REUSED: list[dict] = []
 REUSED_BACKWARDS = 1 << 16  # entries kept (each a backward's few memory events); cleared when full
 
@@ -1134,8 +1241,9 @@ def end_of_iteration(profile: Profile, s: int, p: int, layers: list[int], bwd_s:
     sync, scale, copies, step, gather = _tail_costs(profile, s, p, layers)
     t = dp_free_s
     for i, dt, at in zip(reversed(layers), reversed(sync), reversed(ready_at)):
-        start = max(t, at)
-        event(f"DP grad L{i}", start, dt)
+        start = at if at > t else t  # max(t, at), without the call (a search runs this per rank and layer)
+        if events is not None:
+            event(f"DP grad L{i}", start, dt)
         t = start + dt
     t = max(t, end_s)
     if scale > 0:  # torch's pipeline schedule
