@@ -228,3 +228,31 @@ def test_climb_moves_runs_of_layers_as_the_plain_climb():
             heu._climb(hulls, got, budget)
             _climb_plain(hulls, want, budget)
             assert got == want
+
+
+def test_best_bounds_is_the_exhaustive_split():
+    """The split DP, visiting only the first layers a stage can start at, finds the split every enumeration of
+    contiguous splits (stages of 1 to `longest` layers) finds: the least bottleneck, the first of equals in the DP's
+    order (each stage ending as early as it can), on random stage times that grow with a stage's length."""
+    from itertools import combinations
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n, p = int(rng.integers(2, 10)), int(rng.integers(1, 5))
+        if p > n:
+            continue
+        longest = int(rng.integers(1, n + 1))
+        per_layer = rng.integers(1, 5, size=(p, n)).astype(float)  # a stage's time: its layers' sum (grows with length)
+        per_layer[rng.random((p, n)) < 0.05] = np.inf  # some layers a stage cannot hold
+
+        def stage_time(s, i, j):
+            return float(per_layer[s, i:j].sum())
+
+        splits = [[0, *cut, n] for cut in combinations(range(1, n), p - 1)]
+        splits = [b for b in splits if all(0 < b[s + 1] - b[s] <= longest for s in range(p))]
+        costs = [max(stage_time(s, b[s], b[s + 1]) for s in range(p)) for b in splits]
+        got, cost = best_bounds(n, p, stage_time, longest=longest)
+        if not splits or min(costs) == np.inf:
+            assert got == [] and cost == np.inf
+            continue
+        assert cost == min(costs) and got in [b for b, c in zip(splits, costs) if c == cost]

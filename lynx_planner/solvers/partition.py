@@ -45,7 +45,9 @@ def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], flo
     nxt = [[-1] * (n_layers + 1) for _ in range(p + 1)]
     best[p][n_layers] = 0.0
     for s in range(p - 1, -1, -1):
-        for i in range(s, n_layers - (p - 1 - s)):
+        # only the first layers stage s can start at: after s stages of 1 to `longest` layers, with the rest within
+        # reach of the stages after it (any other state is never read, or stays unreachable)
+        for i in range(max(s, n_layers - (p - s) * longest), min(s * longest, n_layers - (p - 1 - s) - 1) + 1):
             for j in range(i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
                 t = stage_time(s, i, j)
                 if t >= best[s][i]:
