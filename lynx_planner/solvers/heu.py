@@ -120,7 +120,8 @@ def _placed(slot, cands: tuple[Candidate, ...], placements: tuple[str, ...]) -> 
 
 @dataclass(frozen=True, eq=False)
 class _FrontArrays:
-    """What the knapsack reads of every option of a frontier, as arrays (a frontier is met by many stage models)."""
+    """What the knapsack and the fill read of every option of a frontier, as arrays (a frontier is met by many stage
+    models)."""
 
     mem: np.ndarray  # int64
     exposed_s: np.ndarray
