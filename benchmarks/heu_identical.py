@@ -116,15 +116,18 @@ def main() -> int:
             out.write(line + "\n")
             out.flush()
             print(line, flush=True)
-    if args.compare:
-        old = {ln.split(" | ")[0]: ln for ln in Path(args.compare).read_text().splitlines()}
-        differ = [ln for ln in lines if ln.split(" | ")[0] in old and old[ln.split(" | ")[0]] != ln]
-        missing = [n for n in old if n not in {ln.split(" | ")[0] for ln in lines}]
-        for ln in differ:
-            print(f"DIFFERS: {ln}\n   was: {old[ln.split(' | ')[0]]}")
-        print(f"{len(lines)} cases, {len(differ)} differ, {len(missing)} not run")
-        return 1 if differ else 0
-    return 0
+    return compare(lines, args.compare) if args.compare else 0
+
+
+def compare(lines: list[str], earlier: str) -> int:
+    """Print the cases (a line each, named before its first ' | ') that differ from an earlier output's; 1 if any."""
+    old = {ln.split(" | ")[0]: ln for ln in Path(earlier).read_text().splitlines()}
+    differ = [ln for ln in lines if ln.split(" | ")[0] in old and old[ln.split(" | ")[0]] != ln]
+    missing = [n for n in old if n not in {ln.split(" | ")[0] for ln in lines}]
+    for ln in differ:
+        print(f"DIFFERS: {ln}\n   was: {old[ln.split(' | ')[0]]}")
+    print(f"{len(lines)} cases, {len(differ)} differ, {len(missing)} not run")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ faster gives the same floats in the same order (issue 29). Writes one line per c
   byte below them; on the profile as given and with blocking p2p (overlap_p2p_comm false) and, where sequence
   parallel, --tp-comm-overlap.
 
-    python benchmarks/sim_identical.py -o before.txt          # on the old code (e.g. PYTHONPATH=/work/main)
+    python benchmarks/sim_identical.py -o before.txt          # on the old code (e.g. PYTHONPATH=<a checkout of it>)
     python benchmarks/sim_identical.py -o after.txt --compare before.txt   # exit 1 and list the cases that differ
 
 Cases: the README's 13B case at its 16.1875 GiB; the catalog's llama3-405b, qwen3-32b, deepseek-v3 and mixtral-8x7b
@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import heu_identical  # noqa: E402
 from lynx_planner import evaluate as ev  # noqa: E402
 from lynx_planner import offload, policy, simulator, solvers  # noqa: E402
 from lynx_planner.evaluate import make_plan  # noqa: E402
@@ -183,15 +184,7 @@ def main() -> int:
             out.write(line + "\n")
             out.flush()
             print(line, flush=True)
-    if args.compare:
-        old = {ln.split(" | ")[0]: ln for ln in Path(args.compare).read_text().splitlines()}
-        differ = [ln for ln in lines if ln.split(" | ")[0] in old and old[ln.split(" | ")[0]] != ln]
-        missing = [n for n in old if n not in {ln.split(" | ")[0] for ln in lines}]
-        for ln in differ:
-            print(f"DIFFERS: {ln}\n   was: {old[ln.split(' | ')[0]]}")
-        print(f"{len(lines)} cases, {len(differ)} differ, {len(missing)} not run")
-        return 1 if differ else 0
-    return 0
+    return heu_identical.compare(lines, args.compare) if args.compare else 0
 
 
 if __name__ == "__main__":

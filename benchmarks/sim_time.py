@@ -5,7 +5,7 @@ runs them). Medians of --repeats, CPU seconds (time.process_time).
 
     python benchmarks/sim_time.py [--repeats 5] [--cases readme,llama3-405b,qwen3-32b]
 
-To compare two versions, run it on each in turn (e.g. PYTHONPATH=/work/main, then this checkout), interleaved, on a
+To compare two versions, run it on each in turn (e.g. PYTHONPATH=<a checkout of the old code>, then this one), interleaved, on a
 quiet machine.
 """
 
