@@ -5,8 +5,8 @@ runs them). Medians of --repeats, CPU seconds (time.process_time).
 
     python benchmarks/sim_time.py [--repeats 5] [--cases readme,llama3-405b,qwen3-32b]
 
-To compare two versions, run it on each in turn (e.g. PYTHONPATH=<a checkout of the old code>, then this one), interleaved, on a
-quiet machine.
+To compare two versions, run it on each in turn (e.g. PYTHONPATH=<a checkout of the old code>, then this one),
+interleaved, on a quiet machine.
 """
 
 from __future__ import annotations
