@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -849,7 +848,6 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     too_big: dict[int, int] = {}  # per rank: the least step (bytes, in the model's count) the simulation refused
     off_path: set[int] = set()  # ranks whose last step changed nothing
     idle = 0  # steps in a row that fit but were not faster
-    memory_of: dict[int, list[int]] = {}  # each frontier's options' memory
     for _ in range(max_sims):
         if idle >= FILL_IDLE:
             break
@@ -862,11 +860,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
                 continue
             for j, o in enumerate(chosen[c]):
                 frontier, i = _place(o, got.regimes)
-                mems = memory_of.get(id(frontier))
-                if mems is None:  # (the frontiers live in the regimes' caches: their ids stay theirs)
-                    mems = memory_of[id(frontier)] = [x.mem for x in frontier]
-                # the frontier's memory ascends: the steps the room holds end at the first one it does not
-                for up in frontier[i + 1:bisect_right(mems, o.mem + left, i + 1)]:
+                for up in frontier[i + 1:]:
                     if up.mem - o.mem > left or (c, j, id(up)) in tried:
                         continue
                     # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
