@@ -256,3 +256,26 @@ def test_best_bounds_is_the_exhaustive_split():
             assert got == [] and cost == np.inf
             continue
         assert cost == min(costs) and got in [b for b, c in zip(splits, costs) if c == cost]
+
+
+def test_knapsack_steps_are_the_whole_tables():
+    """Each knapsack step's shortcuts give the whole table's column minima, float32 for float32: the first step (on
+    the empty dp) as a running minimum of the rows' exposures, the last one at the columns it is read at only (inf at
+    the others), a middle one from whole rows of a sliding window; on dps with infeasible entries and ties."""
+    rng = np.random.default_rng(11)
+    r = 33
+    empty = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
+    for _ in range(200):
+        units = np.sort(rng.choice(r, size=int(rng.integers(1, 12)), replace=False)).astype(np.int64)
+        exposed = rng.integers(0, 6, len(units)).astype(np.float32)[:, None] / np.float32(4)
+        tail = np.sort(rng.integers(0, 9, r).astype(np.float32))[::-1]
+        tail[: int(rng.integers(0, r))] = np.inf  # too little memory for the slots so far
+        dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), tail])
+        for before, first in ((empty, True), (dp, False)):
+            table = before[r + np.arange(r)[None, :] - units[:, None]] + exposed  # entry by entry
+            want = table.min(axis=0)
+            assert np.array_equal(heu._step(before, r, units, exposed, first, None), want)
+            cols = np.unique(rng.integers(0, r, int(rng.integers(1, r))))
+            got = heu._step(before, r, units, exposed, False, cols)
+            assert np.array_equal(got[cols], want[cols])
+            assert np.isinf(np.delete(got, cols)).all()

@@ -431,11 +431,13 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     # dp[r + b]: least exposure of the slots so far within b units of memory; dp[:r] is -1 units (infeasible).
     # float32: it only ranks choices (the estimate is recomputed exactly) and halves the DP's memory traffic.
     dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
+    # each top option's units left for the others, floored (float64, as Python's //): the last step's columns read
+    left = np.minimum((spare + top_least - top_mem) // unit, r - 1).astype(np.int64)
     # per slot below the top: the dp it built on and its transition, to trace the choice back (a table's column is
     # found again from them: the tables themselves are rows x budgets, too many bytes to keep)
     steps = []
-    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int], np.ndarray]] = {}
-    for j in below:
+    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+    for n, j in enumerate(below):
         key = id(fronts[j])  # slots of one class share a frontier, hence a transition
         if key not in transitions:
             got = _by_units(arrays[key], base[j], unit, r)
@@ -449,19 +451,14 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             useful |= not (np.diff(units) > 0).all()  # (a frontier's memory ascends: its rows do)
             units, exposed = units[useful], exposed[useful][:, None]
             option = [o for o, u in zip(option, useful.tolist()) if u]
-            starts = r - units  # where the dp entries each option builds on start
-            table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
-            transitions[key] = (starts, exposed, option, table)
-        starts, exposed, option, table = transitions[key]
-        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
-        # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
-        np.add(_windows(dp, r)[starts], exposed, out=table)
-        steps.append((dp, starts, exposed, option))
-        dp = np.concatenate([dp[:r], table.min(axis=0)])
+            transitions[key] = (units, exposed, option)
+        units, exposed, option = transitions[key]
+        steps.append((dp, units, exposed, option))
+        least = _step(dp, r, units, exposed, n == 0, np.unique(left[left >= 0]) if n == len(below) - 1 else None)
+        dp = np.concatenate([dp[:r], least])
     dp = dp[r:]
-    # the best top option for the units the others leave it (the first of equals), all at once: each one's units
-    # left, floored (float64, as Python's //), and its total exposure in float32, as the dp's
-    left = np.minimum((spare + top_least - top_mem) // unit, r - 1).astype(np.int64)
+    # the best top option for the units the others leave it (the first of equals), all at once: its total exposure
+    # in float32, as the dp's
     fits = left >= 0
     fits[fits] = np.isfinite(dp[left[fits]])
     if not fits.any():
@@ -472,12 +469,34 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
     chosen[top] = fronts[top][i]
     b = int(left[i])
-    for j, (prev, starts, exposed, option) in zip(reversed(below), reversed(steps)):
-        column = prev[starts + b] + exposed[:, 0]  # the table's column b, as the step computed it
+    for j, (prev, units, exposed, option) in zip(reversed(below), reversed(steps)):
+        column = prev[r - units + b] + exposed[:, 0]  # the table's column b, as the step computed it
         o = fronts[j][option[int(column.argmin())]]
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
+
+
+def _step(dp: np.ndarray, r: int, units: np.ndarray, exposed: np.ndarray, empty: bool, cols: np.ndarray | None
+          ) -> np.ndarray:
+    """One knapsack step: for every b below r, the least over the rows i of dp[r + b - units_i] + exposed_i (float32;
+    dp[:r] is -1 units, inf). `empty`: dp is 0 from 0 units up, so row i is its exposure from its units up and each
+    column's least is the least exposure within it, a running minimum (the same float32 values; a memory's units
+    are one row's). `cols`: only those columns (the last step's dp is read where the top's options leave it), inf
+    elsewhere."""
+    if empty:
+        least = np.full(r, np.inf, dtype=np.float32)
+        least[units] = exposed[:, 0]
+        return np.minimum.accumulate(least, out=least)
+    starts = r - units  # where each row's dp entries start
+    if cols is not None:
+        least = np.full(r, np.inf, dtype=np.float32)
+        least[cols] = (dp[starts[:, None] + cols] + exposed).min(axis=0)
+        return least
+    # whole rows of a sliding window, indexed (not np.take: take copies the whole strided window, r x r, before it
+    # gathers the rows)
+    table = _windows(dp, r)[starts]  # (a copy: the gather)
+    return np.add(table, exposed, out=table).min(axis=0)
 
 
 def _windows(a: np.ndarray, r: int) -> np.ndarray:
