@@ -279,3 +279,40 @@ def test_knapsack_steps_are_the_whole_tables():
             got = heu._step(before, r, units, exposed, False, cols)
             assert np.array_equal(got[cols], want[cols])
             assert np.isinf(np.delete(got, cols)).all()
+
+
+def test_fill_steps_up_hold_every_step_that_can_win():
+    """fill picks the step up a frontier saving the most exposure (rounded to 1e-12), then recomputation, within the
+    room, over a best so far, some steps tried before: choosing among _steps_up's options picks what choosing among
+    all options does, on frontiers whose savings tie or differ by about the rounding."""
+    rng = np.random.default_rng(5)
+    cands = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")
+
+    def pick(options, o, best, tried):
+        for up in options:
+            if id(up) in tried:
+                continue
+            saved = (round(o.exposed_s - up.exposed_s, 12), o.cand.rec_s - up.cand.rec_s)
+            if saved > (0.0, 0.0) and saved[0] >= 0 and (best is None or saved > best[0]):
+                best = (saved, up)
+        return best
+
+    changed = 0
+    for _ in range(400):
+        n = int(rng.integers(2, 30))
+        mem = np.cumsum(rng.integers(0, 3, n)) * 1000
+        scale = float(rng.choice([1e-12, 5e-13, 1e-3]))
+        exposed = np.sort(rng.integers(0, 8, n))[::-1] * scale + 1.0
+        front = [heu.Option(cands[int(k)], "on_demand", int(m), float(x))
+                 for k, m, x in zip(rng.integers(0, len(cands), n), mem, exposed)]
+        i, left = int(rng.integers(0, n)), int(rng.integers(0, 30)) * 1000
+        o = front[i]
+        best = None if rng.random() < 0.5 else ((round(float(rng.integers(0, 4)) * scale, 12), 0.0), None)
+        tried = {id(front[int(k)]) for k in rng.integers(0, n, int(rng.integers(0, 3)))}
+        plain = pick([up for up in front[i + 1:] if up.mem - o.mem <= left], o, best, tried)
+        skip = [k for k, up in enumerate(front) if id(up) in tried]
+        fast = pick(heu._steps_up(front, i, heu._front_arrays(front, heu.HullCache()), left, best[0][0] if best else None,
+                                  skip), o, best, set())
+        assert (plain[1] if plain else None) is (fast[1] if fast else None)
+        changed += plain is not best
+    assert changed > 50  # steps were taken, not only refused

@@ -279,6 +279,11 @@ def _place(o: Option, caches: list[HullCache]) -> tuple[list[Option], int]:
     return next(c.where[id(o)] for c in caches if id(o) in c.where)
 
 
+def _regime_of(o: Option, caches: list[HullCache]) -> HullCache:
+    """The regime (of these) whose frontier holds option o."""
+    return next(c for c in caches if id(o) in c.where)
+
+
 def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
     """The convex hull of that frontier (only the greedy reads it: found when first asked)."""
     key = _class_key(model, j, cache)
@@ -863,7 +868,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     chosen = [list(opts) for opts in got.chosen]
     pols, cur = got.pols, got.evaluation
     chosen, pols, cur = _on_demand_ranks(profile, limit, got, chosen, pols, cur)
-    tried: set[tuple[int, int, int]] = set()
+    tried: dict[tuple[int, int], set[int]] = {}  # per chunk and slot: the ids of the options tried (same frontier)
     too_big: dict[int, int] = {}  # per rank: the least step (bytes, in the model's count) the simulation refused
     off_path: set[int] = set()  # ranks whose last step changed nothing
     idle = 0  # steps in a row that fit but were not faster
@@ -878,10 +883,11 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
             if left <= 0 or rank in off_path:
                 continue
             for j, o in enumerate(chosen[c]):
-                frontier, i = _place(o, got.regimes)
-                for up in frontier[i + 1:]:
-                    if up.mem - o.mem > left or (c, j, id(up)) in tried:
-                        continue
+                cache = _regime_of(o, got.regimes)
+                frontier, i = cache.where[id(o)]
+                skip = [cache.where[u][1] for u in tried.get((c, j), ())]
+                for up in _steps_up(frontier, i, _front_arrays(frontier, cache), left, best[0][0] if best else None,
+                                    skip):
                     # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
                     saved = (round(o.exposed_s - up.exposed_s, 12), o.cand.rec_s - up.cand.rec_s)
                     if saved > (0.0, 0.0) and saved[0] >= 0 and (best is None or saved > best[0]):
@@ -889,7 +895,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         if best is None:
             break
         _, c, j, up = best
-        tried.add((c, j, id(up)))
+        tried.setdefault((c, j), set()).add(id(up))
         was = chosen[c][j]
         chosen[c][j] = up
         trial = policies_of(profile, got.models, chosen)
@@ -910,6 +916,23 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         if result.predicted.iteration_time_s == cur.predicted.iteration_time_s:
             off_path.add(rank)
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
+
+
+def _steps_up(frontier: list[Option], i: int, a: _FrontArrays, left: int, least: float | None,
+              skip: list[int]) -> list[Option]:
+    """The options up a frontier from its option i that fill may take, in frontier order: within `left` more bytes,
+    not at a position in `skip` (tried), and of the exposure saved (rounded to 1e-12, as fill compares it) at least 0
+    and `least` (the best so far) and the most among them (recomputation saved breaks ties). An option saving less
+    than the most by over 2e-12 rounds lower: it cannot win; nor one saving below -1e-12 or below `least` by over
+    1e-12."""
+    saved = frontier[i].exposed_s - a.exposed_s[i + 1:]  # float64, as Python's floats
+    floor = -1e-12 if least is None else max(-1e-12, least - 1e-12)
+    ok = (a.mem[i + 1:] - frontier[i].mem <= left) & (saved >= floor)
+    ok[[k - i - 1 for k in skip if k > i]] = False
+    up = np.flatnonzero(ok)
+    if len(up):
+        up = up[saved[up] >= saved[up].max() - 2e-12]
+    return [frontier[i + 1 + k] for k in up.tolist()]
 
 
 def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[list[Option]], pols, cur):
