@@ -316,3 +316,25 @@ def test_fill_steps_up_hold_every_step_that_can_win():
         assert (plain[1] if plain else None) is (fast[1] if fast else None)
         changed += plain is not best
     assert changed > 50  # steps were taken, not only refused
+
+
+def test_stage_solutions_are_shared_by_structure_only():
+    """Within a search a stage's solution is found once per structure: the same stage model at another place (stage,
+    layers) gets the solution solving it there gives; one differing in its budget or a window gets its own."""
+    from dataclasses import replace
+
+    prof = small_profile(tp=2, pp=4, m=8, layers=8)
+    limit = between(prof, 0.5)
+    regimes = [heu.HullCache(heu.LYNX_PLACEMENTS), heu.HullCache(("on_demand",))]
+    model = stage_model(prof, 1, 3, 5, limit, p2p_wait_s(prof, 3, 5))
+    moved = replace(model, stage=2, first=5, end=7, slots=tuple(replace(sl, layer=sl.layer + 2) for sl in model.slots))
+    tighter = replace(model, budget=model.budget // 2)
+    shut = replace(tighter, slots=(replace(tighter.slots[0], above_s=0.0), *tighter.slots[1:]))  # no window above
+    for exact in (False, True):
+        with heu._simulations():
+            got = [heu.solve_stage(prof, m, regimes, exact) for m in (model, moved, tighter, shut)]
+        direct = [heu._solve_stage_budgets(prof, m, regimes, exact) for m in (model, moved, tighter, shut)]
+        assert got[1] is got[0]
+        for g, d in zip(got, direct):
+            assert (_points(g[0]), g[1]) == (_points(d[0]), d[1])
+        assert _points(direct[2][0]) != _points(direct[0][0]) and _points(direct[3][0]) != _points(direct[2][0])
