@@ -338,3 +338,32 @@ def test_stage_solutions_are_shared_by_structure_only():
         for g, d in zip(got, direct):
             assert (_points(g[0]), g[1]) == (_points(d[0]), d[1])
         assert _points(direct[2][0]) != _points(direct[0][0]) and _points(direct[3][0]) != _points(direct[2][0])
+
+
+def _walk_plain(x: list[float], r: list[float]):
+    """The frontier walk point by point (as _frontier_of walked before it ran in vectorised runs)."""
+    taken, exposed, last_e, last_r, k = [], [], 0.0, 0.0, 0
+    while k < len(x) and not (taken and last_e == 0.0):
+        if not taken or x[k] < last_e - 1e-15 or (x[k] <= last_e + 1e-15 and r[k] < last_r):
+            last_e, last_r = min(x[k], last_e) if taken else x[k], r[k]
+            taken.append(k)
+            exposed.append(last_e)
+        k += 1
+    return taken, exposed, k, last_r
+
+
+def test_frontier_walk_in_runs_is_the_walk_point_by_point(monkeypatch):
+    """The walk found in vectorised runs (and point by point once the runs are used up) takes the points, gives the
+    exposures, stops where, and ends with the seconds the point-by-point walk does: on points whose exposures tie or
+    differ by about the walk's 1e-15, reach 0, and many of which do not join."""
+    rng = np.random.default_rng(3)
+    for segments in (1, 3, 8, 10 ** 6):
+        monkeypatch.setattr(heu, "WALK_SEGMENTS", segments)
+        for _ in range(300):
+            n = int(rng.integers(1, 60))
+            step = float(rng.choice([1e-16, 1e-15, 2e-15, 1e-3]))
+            x = np.maximum(0.0, 1e-14 - np.sort(rng.integers(0, 12, n)) * step * rng.choice([1, -1], n, p=[0.8, 0.2]))
+            r = rng.integers(0, 5, n).astype(float) * 1e-4
+            got = heu._walk(x, r)
+            want = _walk_plain(x.tolist(), r.tolist())
+            assert (got[0], got[1], got[2], got[3]) == want

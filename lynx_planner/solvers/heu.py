@@ -161,21 +161,9 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
     # below sees only those (with a wide margin for rounding), the others it would pass over.
     before = np.concatenate([[np.inf], np.minimum.accumulate(e_sorted)[:-1]])
     near = order[e_sorted <= before * (1 + 1e-9) + 1e-12]
-    frontier: list[Option] = []
     names = placed.placements
-    last_e = last_r = 0.0  # the last option's exposure and its candidate's recomputation seconds (read as floats)
-    taken, exposed = [], []  # the points joining the frontier (their place in `near`), their options' exposure
-    ms, xs, rs, cs, ws = (mem[near].tolist(), e[near].tolist(), rec_s[near].tolist(), cand[near].tolist(),
-                          at[near].tolist())
-    k = 0
-    while k < len(near) and not (frontier and last_e == 0.0):
-        m, x, r, i, w = ms[k], xs[k], rs[k], cs[k], ws[k]
-        if not frontier or x < last_e - 1e-15 or (x <= last_e + 1e-15 and r < last_r):
-            last_e, last_r = min(x, last_e) if frontier else x, r
-            frontier.append(Option(a.cands[i], names[w] if w >= 0 else "pool", m, last_e))
-            taken.append(k)
-            exposed.append(last_e)
-        k += 1
+    ms, cs, ws = mem[near].tolist(), cand[near].tolist(), at[near].tolist()
+    taken, exposed, k, last_r = _walk(e[near], rec_s[near])
     if k < len(near):
         # Exposure reached 0 (none is negative): the walk's test is now x <= 1e-15 and r < last_r, and last_r the
         # least r before, so the points left that join are those of x <= 1e-15 below every r before them (a pooled
@@ -183,15 +171,59 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
         rest = k + np.flatnonzero(e[near[k:]] <= 1e-15)
         r_rest = rec_s[near[rest]]
         least_before = np.minimum.accumulate(np.concatenate([[last_r], r_rest]))[:-1]
-        for k in rest[r_rest < least_before].tolist():
-            frontier.append(Option(a.cands[cs[k]], names[ws[k]] if ws[k] >= 0 else "pool", ms[k], 0.0))
-            taken.append(k)
-            exposed.append(0.0)
+        zero = rest[r_rest < least_before].tolist()
+        taken += zero
+        exposed += [0.0] * len(zero)
+    frontier = [Option(a.cands[cs[k]], names[ws[k]] if ws[k] >= 0 else "pool", ms[k], x)
+                for k, x in zip(taken, exposed)]
     points = near[taken]
     held, where, rec_bytes = mem[points], at[points], a.rec_bytes[cand[points]]
     above = names.index("layer_above") if "layer_above" in names else -2  # (-1 is pooled)
     return frontier, _FrontArrays(held, np.array(exposed), rec_s[points], held + np.where(where == -1, 0, rec_bytes),
                                   int(rec_bytes[where == above].max(initial=0)))
+
+
+WALK_SEGMENTS = 8  # vectorised runs of the walk before it goes on point by point (each costs a pass over the rest)
+
+
+def _walk(x: np.ndarray, r: np.ndarray) -> tuple[list[int], list[float], int, float]:
+    """The frontier walk over points sorted by (memory, exposure, seconds): a point joins if it exposes less than the
+    last one joined (by over 1e-15), or as much (within 1e-15) and recomputes less; the frontier's exposure is the
+    least so far; the walk stops once it is 0. Returns the points joining, their exposures, where the walk stopped
+    and the last joined point's seconds. A run of points that all join is found at once: their exposures are a
+    running minimum and each one's test reads its predecessor's (the same float64 comparisons as point by point)."""
+    n = len(x)
+    taken: list[int] = []
+    exposed: list[float] = []
+    last_e = last_r = 0.0
+    k = 0
+    for _ in range(WALK_SEGMENTS):
+        if k >= n or (taken and last_e == 0.0):
+            return taken, exposed, k, last_r
+        xs, rs = x[k:], r[k:]
+        run = np.minimum.accumulate(np.concatenate([[last_e], xs]) if taken else xs)[-len(xs):]
+        before_e = np.concatenate([[last_e] if taken else [np.inf], run[:-1]])
+        before_r = np.concatenate([[last_r] if taken else [np.inf], rs[:-1]])
+        joins = (xs < before_e - 1e-15) | ((xs <= before_e + 1e-15) & (rs < before_r))
+        stops = before_e == 0.0  # (the first point always joins: inf before it)
+        ends = np.flatnonzero(~joins | stops)
+        f = int(ends[0]) if len(ends) else len(xs)  # points k .. k + f - 1 all join
+        taken += range(k, k + f)
+        exposed += run[:f].tolist()
+        if f:
+            last_e, last_r = float(run[f - 1]), float(rs[f - 1])
+        k += f
+        if k < n and not stops[f]:
+            k += 1  # it does not join; the walk goes on after it
+    # point by point (many points that do not join: each vectorised run would be short)
+    xs, rs = x.tolist(), r.tolist()
+    while k < n and not (taken and last_e == 0.0):
+        if not taken or xs[k] < last_e - 1e-15 or (xs[k] <= last_e + 1e-15 and rs[k] < last_r):
+            last_e, last_r = min(xs[k], last_e) if taken else xs[k], rs[k]
+            taken.append(k)
+            exposed.append(last_e)
+        k += 1
+    return taken, exposed, k, last_r
 
 
 def _hull(frontier: list[Option]) -> list[Option]:
