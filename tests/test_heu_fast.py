@@ -367,3 +367,16 @@ def test_frontier_walk_in_runs_is_the_walk_point_by_point(monkeypatch):
             got = heu._walk(x, r)
             want = _walk_plain(x.tolist(), r.tolist())
             assert (got[0], got[1], got[2], got[3]) == want
+
+
+def test_points_by_memory_are_the_lexsort():
+    """The points' order (memory sorted alone, ties sorted by all four keys) is np.lexsort's over the four keys, on
+    points with many equal memories, exposures and seconds."""
+    rng = np.random.default_rng(9)
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        mem = rng.integers(0, int(rng.integers(1, 40)), n).astype(np.int64) * (1 << 20)
+        e = rng.integers(0, 4, n) * 0.25
+        rec_s = rng.integers(0, 3, n) * 1e-3
+        pos = rng.permutation(3 * n)[:n]
+        assert heu._by_memory(mem, e, rec_s, pos).tolist() == np.lexsort((pos, rec_s, e, mem)).tolist()

@@ -155,7 +155,7 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
         pos = np.concatenate([pos, 2 * pooled + 1])
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
     # interference) that keeping avoids, so an option exposing as little but recomputing less stays on the frontier.
-    order = np.lexsort((pos, rec_s, e, mem))  # by (memory, exposure, seconds), ties in the points' order
+    order = _by_memory(mem, e, rec_s, pos)
     e_sorted = e[order]
     # A point joins the frontier only within 2e-15 of the least exposure before it (the walk's tolerances): the walk
     # below sees only those (with a wide margin for rounding), the others it would pass over.
@@ -181,6 +181,20 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
     above = names.index("layer_above") if "layer_above" in names else -2  # (-1 is pooled)
     return frontier, _FrontArrays(held, np.array(exposed), rec_s[points], held + np.where(where == -1, 0, rec_bytes),
                                   int(rec_bytes[where == above].max(initial=0)))
+
+
+def _by_memory(mem: np.ndarray, e: np.ndarray, rec_s: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """np.lexsort((pos, rec_s, e, mem)): the points by memory, exposure, seconds, then their (distinct) positions. The
+    integer memories are sorted stably (a radix sort, an order of magnitude faster than lexsort on floats), then
+    only the points sharing a memory with another by all four keys, put back where their runs lie (those places
+    hold the same runs in the same memory order)."""
+    order = np.argsort(mem, kind="stable")
+    same = mem[order][1:] == mem[order][:-1]
+    tied = np.flatnonzero(np.concatenate([same, [False]]) | np.concatenate([[False], same]))
+    if len(tied):
+        sub = order[tied]
+        order[tied] = sub[np.lexsort((pos[sub], rec_s[sub], e[sub], mem[sub]))]
+    return order
 
 
 WALK_SEGMENTS = 8  # vectorised runs of the walk before it goes on point by point (each costs a pass over the rest)
