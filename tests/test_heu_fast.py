@@ -380,3 +380,28 @@ def test_points_by_memory_are_the_lexsort():
         rec_s = rng.integers(0, 3, n) * 1e-3
         pos = rng.permutation(3 * n)[:n]
         assert heu._by_memory(mem, e, rec_s, pos).tolist() == np.lexsort((pos, rec_s, e, mem)).tolist()
+
+
+def test_a_search_leaves_no_reference_cycles(monkeypatch):
+    """A HEU search's state is freed by reference counts when it returns (its collector is paused: a cycle would
+    keep all of it until the next collection), also where a block's exact frontier search stops and is resumed (the
+    stop is kept without its traceback, which would hold every caller's frame)."""
+    import gc
+
+    from lynx_planner import solvers
+    from lynx_planner.solvers import candidates
+
+    prof = small_profile(tp=2, pp=4, m=8, layers=8)
+    limit = between(prof, 0.5)
+    solvers.solve(prof, "heu", limit)  # the process's one-off state (imports, module caches)
+    for cap in (candidates.FOLD_CAP, 8):  # 8: every exact search stops and resumes
+        monkeypatch.setattr(candidates, "FOLD_CAP", cap)
+        monkeypatch.setattr(candidates, "WORK_CAP", cap)
+        candidates.reset_caches()
+        gc.collect()
+        gc.disable()
+        try:
+            solvers.solve(prof, "heu", limit)
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
