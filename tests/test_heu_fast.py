@@ -4,6 +4,7 @@ count, the DP's rows copied from a sliding window, auto_bounds's numbered block 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import between, small_profile
 
 from lynx_planner.solvers import heu
@@ -281,10 +282,12 @@ def test_knapsack_steps_are_the_whole_tables():
             assert np.isinf(np.delete(got, cols)).all()
 
 
-def test_fill_steps_up_hold_every_step_that_can_win():
+@pytest.mark.parametrize("short", [0, 64])
+def test_fill_steps_up_hold_every_step_that_can_win(monkeypatch, short):
     """fill picks the step up a frontier saving the most exposure (rounded to 1e-12), then recomputation, within the
     room, over a best so far, some steps tried before: choosing among _steps_up's options picks what choosing among
     all options does, on frontiers whose savings tie or differ by about the rounding."""
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", short)  # the arrays' path, and a plain loop on short frontiers
     rng = np.random.default_rng(5)
     cands = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")
 
@@ -357,6 +360,7 @@ def test_frontier_walk_in_runs_is_the_walk_point_by_point(monkeypatch):
     exposures, stops where, and ends with the seconds the point-by-point walk does: on points whose exposures tie or
     differ by about the walk's 1e-15, reach 0, and many of which do not join."""
     rng = np.random.default_rng(3)
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", 0)  # vectorised runs however short
     for segments in (1, 3, 8, 10 ** 6):
         monkeypatch.setattr(heu, "WALK_SEGMENTS", segments)
         for _ in range(300):
@@ -369,9 +373,10 @@ def test_frontier_walk_in_runs_is_the_walk_point_by_point(monkeypatch):
             assert (got[0], got[1], got[2], got[3]) == want
 
 
-def test_points_by_memory_are_the_lexsort():
+def test_points_by_memory_are_the_lexsort(monkeypatch):
     """The points' order (memory sorted alone, ties sorted by all four keys) is np.lexsort's over the four keys, on
     points with many equal memories, exposures and seconds."""
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", 0)  # the radix sort however few the points
     rng = np.random.default_rng(9)
     for _ in range(300):
         n = int(rng.integers(1, 80))

@@ -183,11 +183,16 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
                                   int(rec_bytes[where == above].max(initial=0)))
 
 
+SHORT_ARRAYS = 64  # up to this many points, a plain loop or one lexsort (numpy's calls cost more than they save)
+
+
 def _by_memory(mem: np.ndarray, e: np.ndarray, rec_s: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """np.lexsort((pos, rec_s, e, mem)): the points by memory, exposure, seconds, then their (distinct) positions. The
     integer memories are sorted stably (a radix sort, an order of magnitude faster than lexsort on floats), then
     only the points sharing a memory with another by all four keys, put back where their runs lie (those places
     hold the same runs in the same memory order)."""
+    if len(mem) <= SHORT_ARRAYS:
+        return np.lexsort((pos, rec_s, e, mem))
     order = np.argsort(mem, kind="stable")
     same = mem[order][1:] == mem[order][:-1]
     tied = np.flatnonzero(np.concatenate([same, [False]]) | np.concatenate([[False], same]))
@@ -211,7 +216,7 @@ def _walk(x: np.ndarray, r: np.ndarray) -> tuple[list[int], list[float], int, fl
     exposed: list[float] = []
     last_e = last_r = 0.0
     k = 0
-    for _ in range(WALK_SEGMENTS):
+    for _ in range(WALK_SEGMENTS if n > SHORT_ARRAYS else 0):
         if k >= n or (taken and last_e == 0.0):
             return taken, exposed, k, last_r
         xs, rs = x[k:], r[k:]
@@ -991,6 +996,9 @@ def _steps_up(frontier: list[Option], i: int, a: _FrontArrays, left: int, least:
     and `least` (the best so far) and the most among them (recomputation saved breaks ties). An option saving less
     than the most by over 2e-12 rounds lower: it cannot win; nor one saving below -1e-12 or below `least` by over
     1e-12."""
+    if len(frontier) - i <= SHORT_ARRAYS:  # (numpy's calls cost more than a short loop)
+        o = frontier[i]
+        return [up for k, up in enumerate(frontier[i + 1:], i + 1) if up.mem - o.mem <= left and k not in skip]
     saved = frontier[i].exposed_s - a.exposed_s[i + 1:]  # float64, as Python's floats
     floor = -1e-12 if least is None else max(-1e-12, least - 1e-12)
     ok = (a.mem[i + 1:] - frontier[i].mem <= left) & (saved >= floor)
