@@ -4,6 +4,7 @@ count, the DP's rows copied from a sliding window, auto_bounds's numbered block 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import between, small_profile
 
 from lynx_planner.solvers import heu
@@ -256,3 +257,157 @@ def test_best_bounds_is_the_exhaustive_split():
             assert got == [] and cost == np.inf
             continue
         assert cost == min(costs) and got in [b for b, c in zip(splits, costs) if c == cost]
+
+
+def test_knapsack_steps_are_the_whole_tables():
+    """Each knapsack step's shortcuts give the whole table's column minima, float32 for float32: the first step (on
+    the empty dp) as a running minimum of the rows' exposures, the last one at the columns it is read at only (inf at
+    the others), a middle one from whole rows of a sliding window; on dps with infeasible entries and ties."""
+    rng = np.random.default_rng(11)
+    r = 33
+    empty = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
+    for _ in range(200):
+        units = np.sort(rng.choice(r, size=int(rng.integers(1, 12)), replace=False)).astype(np.int64)
+        exposed = rng.integers(0, 6, len(units)).astype(np.float32)[:, None] / np.float32(4)
+        tail = np.sort(rng.integers(0, 9, r).astype(np.float32))[::-1]
+        tail[: int(rng.integers(0, r))] = np.inf  # too little memory for the slots so far
+        dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), tail])
+        for before, first in ((empty, True), (dp, False)):
+            table = before[r + np.arange(r)[None, :] - units[:, None]] + exposed  # entry by entry
+            want = table.min(axis=0)
+            assert np.array_equal(heu._step(before, r, units, exposed, first, None), want)
+            cols = np.unique(rng.integers(0, r, int(rng.integers(1, r))))
+            got = heu._step(before, r, units, exposed, False, cols)
+            assert np.array_equal(got[cols], want[cols])
+            assert np.isinf(np.delete(got, cols)).all()
+
+
+@pytest.mark.parametrize("short", [0, 64])
+def test_fill_steps_up_hold_every_step_that_can_win(monkeypatch, short):
+    """fill picks the step up a frontier saving the most exposure (rounded to 1e-12), then recomputation, within the
+    room, over a best so far, some steps tried before: choosing among _steps_up's options picks what choosing among
+    all options does, on frontiers whose savings tie or differ by about the rounding."""
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", short)  # the arrays' path, and a plain loop on short frontiers
+    rng = np.random.default_rng(5)
+    cands = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")
+
+    def pick(options, o, best, tried):
+        for up in options:
+            if id(up) in tried:
+                continue
+            saved = (round(o.exposed_s - up.exposed_s, 12), o.cand.rec_s - up.cand.rec_s)
+            if saved > (0.0, 0.0) and saved[0] >= 0 and (best is None or saved > best[0]):
+                best = (saved, up)
+        return best
+
+    changed = 0
+    for _ in range(400):
+        n = int(rng.integers(2, 30))
+        mem = np.cumsum(rng.integers(0, 3, n)) * 1000
+        scale = float(rng.choice([1e-12, 5e-13, 1e-3]))
+        exposed = np.sort(rng.integers(0, 8, n))[::-1] * scale + 1.0
+        front = [heu.Option(cands[int(k)], "on_demand", int(m), float(x))
+                 for k, m, x in zip(rng.integers(0, len(cands), n), mem, exposed)]
+        i, left = int(rng.integers(0, n)), int(rng.integers(0, 30)) * 1000
+        o = front[i]
+        best = None if rng.random() < 0.5 else ((round(float(rng.integers(0, 4)) * scale, 12), 0.0), None)
+        tried = {id(front[int(k)]) for k in rng.integers(0, n, int(rng.integers(0, 3)))}
+        plain = pick([up for up in front[i + 1:] if up.mem - o.mem <= left], o, best, tried)
+        skip = [k for k, up in enumerate(front) if id(up) in tried]
+        fast = pick(heu._steps_up(front, i, heu._front_arrays(front, heu.HullCache()), left, best[0][0] if best else None,
+                                  skip), o, best, set())
+        assert (plain[1] if plain else None) is (fast[1] if fast else None)
+        changed += plain is not best
+    assert changed > 50  # steps were taken, not only refused
+
+
+def test_stage_solutions_are_shared_by_structure_only():
+    """Within a search a stage's solution is found once per structure: the same stage model at another place (stage,
+    layers) gets the solution solving it there gives; one differing in its budget or a window gets its own."""
+    from dataclasses import replace
+
+    prof = small_profile(tp=2, pp=4, m=8, layers=8)
+    limit = between(prof, 0.5)
+    regimes = [heu.HullCache(heu.LYNX_PLACEMENTS), heu.HullCache(("on_demand",))]
+    model = stage_model(prof, 1, 3, 5, limit, p2p_wait_s(prof, 3, 5))
+    moved = replace(model, stage=2, first=5, end=7, slots=tuple(replace(sl, layer=sl.layer + 2) for sl in model.slots))
+    tighter = replace(model, budget=model.budget // 2)
+    shut = replace(tighter, slots=(replace(tighter.slots[0], above_s=0.0), *tighter.slots[1:]))  # no window above
+    for exact in (False, True):
+        with heu._simulations():
+            got = [heu.solve_stage(prof, m, regimes, exact) for m in (model, moved, tighter, shut)]
+        direct = [heu._solve_stage_budgets(prof, m, regimes, exact) for m in (model, moved, tighter, shut)]
+        assert got[1] is got[0]
+        for g, d in zip(got, direct):
+            assert (_points(g[0]), g[1]) == (_points(d[0]), d[1])
+        assert _points(direct[2][0]) != _points(direct[0][0]) and _points(direct[3][0]) != _points(direct[2][0])
+
+
+def _walk_plain(x: list[float], r: list[float]):
+    """The frontier walk point by point (as _frontier_of walked before it ran in vectorised runs)."""
+    taken, exposed, last_e, last_r, k = [], [], 0.0, 0.0, 0
+    while k < len(x) and not (taken and last_e == 0.0):
+        if not taken or x[k] < last_e - 1e-15 or (x[k] <= last_e + 1e-15 and r[k] < last_r):
+            last_e, last_r = min(x[k], last_e) if taken else x[k], r[k]
+            taken.append(k)
+            exposed.append(last_e)
+        k += 1
+    return taken, exposed, k, last_r
+
+
+def test_frontier_walk_in_runs_is_the_walk_point_by_point(monkeypatch):
+    """The walk found in vectorised runs (and point by point once the runs are used up) takes the points, gives the
+    exposures, stops where, and ends with the seconds the point-by-point walk does: on points whose exposures tie or
+    differ by about the walk's 1e-15, reach 0, and many of which do not join."""
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", 0)  # vectorised runs however short
+    for segments in (1, 3, 8, 10 ** 6):
+        monkeypatch.setattr(heu, "WALK_SEGMENTS", segments)
+        for _ in range(300):
+            n = int(rng.integers(1, 60))
+            step = float(rng.choice([1e-16, 1e-15, 2e-15, 1e-3]))
+            x = np.maximum(0.0, 1e-14 - np.sort(rng.integers(0, 12, n)) * step * rng.choice([1, -1], n, p=[0.8, 0.2]))
+            r = rng.integers(0, 5, n).astype(float) * 1e-4
+            got = heu._walk(x, r)
+            want = _walk_plain(x.tolist(), r.tolist())
+            assert (got[0], got[1], got[2], got[3]) == want
+
+
+def test_points_by_memory_are_the_lexsort(monkeypatch):
+    """The points' order (memory sorted alone, ties sorted by all four keys) is np.lexsort's over the four keys, on
+    points with many equal memories, exposures and seconds."""
+    monkeypatch.setattr(heu, "SHORT_ARRAYS", 0)  # the radix sort however few the points
+    rng = np.random.default_rng(9)
+    for _ in range(300):
+        n = int(rng.integers(1, 80))
+        mem = rng.integers(0, int(rng.integers(1, 40)), n).astype(np.int64) * (1 << 20)
+        e = rng.integers(0, 4, n) * 0.25
+        rec_s = rng.integers(0, 3, n) * 1e-3
+        pos = rng.permutation(3 * n)[:n]
+        assert heu._by_memory(mem, e, rec_s, pos).tolist() == np.lexsort((pos, rec_s, e, mem)).tolist()
+
+
+def test_a_search_leaves_no_reference_cycles(monkeypatch):
+    """A HEU search's state is freed by reference counts when it returns (its collector is paused: a cycle would
+    keep all of it until the next collection), also where a block's exact frontier search stops and is resumed (the
+    stop is kept without its traceback, which would hold every caller's frame)."""
+    import gc
+
+    from lynx_planner import solvers
+    from lynx_planner.solvers import candidates
+
+    prof = small_profile(tp=2, pp=4, m=8, layers=8)
+    limit = between(prof, 0.5)
+    solvers.solve(prof, "heu", limit)  # the process's one-off state (imports, module caches)
+    for cap in (candidates.FOLD_CAP, 8):  # 8: every exact search stops and resumes
+        monkeypatch.setattr(candidates, "FOLD_CAP", cap)
+        monkeypatch.setattr(candidates, "WORK_CAP", cap)
+        candidates.reset_caches()
+        gc.collect()
+        gc.disable()
+        try:
+            solvers.solve(prof, "heu", limit)
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
+            candidates.reset_caches()  # no frontier of the forced caps outlives the test

@@ -176,7 +176,9 @@ def _exact(info: policy.BlockInfo, work_cap: int, step_cap: int | None = None, r
     try:
         return Frontier(*_search(info, work_cap, step_cap, *([resume] if resume else []))), None
     except _OverWork as stop:
-        return None, stop
+        # kept to resume from, without its traceback: that would hold every caller's frame (a whole HEU search's
+        # state) in a cycle with the frame holding the stop, alive until the cyclic collector runs
+        return None, stop.with_traceback(None)
 
 
 def pareto(block: Block) -> tuple[Candidate, ...]:

@@ -155,27 +155,15 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
         pos = np.concatenate([pos, 2 * pooled + 1])
     # Ties in exposure go to less recomputation: where memory allows, hidden recomputation is still work (energy,
     # interference) that keeping avoids, so an option exposing as little but recomputing less stays on the frontier.
-    order = np.lexsort((pos, rec_s, e, mem))  # by (memory, exposure, seconds), ties in the points' order
+    order = _by_memory(mem, e, rec_s, pos)
     e_sorted = e[order]
     # A point joins the frontier only within 2e-15 of the least exposure before it (the walk's tolerances): the walk
     # below sees only those (with a wide margin for rounding), the others it would pass over.
     before = np.concatenate([[np.inf], np.minimum.accumulate(e_sorted)[:-1]])
     near = order[e_sorted <= before * (1 + 1e-9) + 1e-12]
-    frontier: list[Option] = []
     names = placed.placements
-    last_e = last_r = 0.0  # the last option's exposure and its candidate's recomputation seconds (read as floats)
-    taken, exposed = [], []  # the points joining the frontier (their place in `near`), their options' exposure
-    ms, xs, rs, cs, ws = (mem[near].tolist(), e[near].tolist(), rec_s[near].tolist(), cand[near].tolist(),
-                          at[near].tolist())
-    k = 0
-    while k < len(near) and not (frontier and last_e == 0.0):
-        m, x, r, i, w = ms[k], xs[k], rs[k], cs[k], ws[k]
-        if not frontier or x < last_e - 1e-15 or (x <= last_e + 1e-15 and r < last_r):
-            last_e, last_r = min(x, last_e) if frontier else x, r
-            frontier.append(Option(a.cands[i], names[w] if w >= 0 else "pool", m, last_e))
-            taken.append(k)
-            exposed.append(last_e)
-        k += 1
+    ms, cs, ws = mem[near].tolist(), cand[near].tolist(), at[near].tolist()
+    taken, exposed, k, last_r = _walk(e[near], rec_s[near])
     if k < len(near):
         # Exposure reached 0 (none is negative): the walk's test is now x <= 1e-15 and r < last_r, and last_r the
         # least r before, so the points left that join are those of x <= 1e-15 below every r before them (a pooled
@@ -183,15 +171,78 @@ def _frontier_of(model: StageModel, slot, placed: Placed, pool_price: float | No
         rest = k + np.flatnonzero(e[near[k:]] <= 1e-15)
         r_rest = rec_s[near[rest]]
         least_before = np.minimum.accumulate(np.concatenate([[last_r], r_rest]))[:-1]
-        for k in rest[r_rest < least_before].tolist():
-            frontier.append(Option(a.cands[cs[k]], names[ws[k]] if ws[k] >= 0 else "pool", ms[k], 0.0))
-            taken.append(k)
-            exposed.append(0.0)
+        zero = rest[r_rest < least_before].tolist()
+        taken += zero
+        exposed += [0.0] * len(zero)
+    frontier = [Option(a.cands[cs[k]], names[ws[k]] if ws[k] >= 0 else "pool", ms[k], x)
+                for k, x in zip(taken, exposed)]
     points = near[taken]
     held, where, rec_bytes = mem[points], at[points], a.rec_bytes[cand[points]]
     above = names.index("layer_above") if "layer_above" in names else -2  # (-1 is pooled)
     return frontier, _FrontArrays(held, np.array(exposed), rec_s[points], held + np.where(where == -1, 0, rec_bytes),
                                   int(rec_bytes[where == above].max(initial=0)))
+
+
+SHORT_ARRAYS = 64  # up to this many points, a plain loop or one lexsort (numpy's calls cost more than they save)
+
+
+def _by_memory(mem: np.ndarray, e: np.ndarray, rec_s: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """np.lexsort((pos, rec_s, e, mem)): the points by memory, exposure, seconds, then their (distinct) positions. The
+    integer memories are sorted stably (a radix sort, an order of magnitude faster than lexsort on floats), then
+    only the points sharing a memory with another by all four keys, put back where their runs lie (those places
+    hold the same runs in the same memory order)."""
+    if len(mem) <= SHORT_ARRAYS:
+        return np.lexsort((pos, rec_s, e, mem))
+    order = np.argsort(mem, kind="stable")
+    same = mem[order][1:] == mem[order][:-1]
+    tied = np.flatnonzero(np.concatenate([same, [False]]) | np.concatenate([[False], same]))
+    if len(tied):
+        sub = order[tied]
+        order[tied] = sub[np.lexsort((pos[sub], rec_s[sub], e[sub], mem[sub]))]
+    return order
+
+
+WALK_SEGMENTS = 8  # vectorised runs of the walk before it goes on point by point (each costs a pass over the rest)
+
+
+def _walk(x: np.ndarray, r: np.ndarray) -> tuple[list[int], list[float], int, float]:
+    """The frontier walk over points sorted by (memory, exposure, seconds): a point joins if it exposes less than the
+    last one joined (by over 1e-15), or as much (within 1e-15) and recomputes less; the frontier's exposure is the
+    least so far; the walk stops once it is 0. Returns the points joining, their exposures, where the walk stopped
+    and the last joined point's seconds. A run of points that all join is found at once: their exposures are a
+    running minimum and each one's test reads its predecessor's (the same float64 comparisons as point by point)."""
+    n = len(x)
+    taken: list[int] = []
+    exposed: list[float] = []
+    last_e = last_r = 0.0
+    k = 0
+    for _ in range(WALK_SEGMENTS if n > SHORT_ARRAYS else 0):
+        if k >= n or (taken and last_e == 0.0):
+            return taken, exposed, k, last_r
+        xs, rs = x[k:], r[k:]
+        run = np.minimum.accumulate(np.concatenate([[last_e], xs]) if taken else xs)[-len(xs):]
+        before_e = np.concatenate([[last_e] if taken else [np.inf], run[:-1]])
+        before_r = np.concatenate([[last_r] if taken else [np.inf], rs[:-1]])
+        joins = (xs < before_e - 1e-15) | ((xs <= before_e + 1e-15) & (rs < before_r))
+        stops = before_e == 0.0  # (the first point always joins: inf before it)
+        ends = np.flatnonzero(~joins | stops)
+        f = int(ends[0]) if len(ends) else len(xs)  # points k .. k + f - 1 all join
+        taken += range(k, k + f)
+        exposed += run[:f].tolist()
+        if f:
+            last_e, last_r = float(run[f - 1]), float(rs[f - 1])
+        k += f
+        if k < n and not stops[f]:
+            k += 1  # it does not join; the walk goes on after it
+    # point by point (many points that do not join: each vectorised run would be short)
+    xs, rs = x.tolist(), r.tolist()
+    while k < n and not (taken and last_e == 0.0):
+        if not taken or xs[k] < last_e - 1e-15 or (xs[k] <= last_e + 1e-15 and rs[k] < last_r):
+            last_e, last_r = min(xs[k], last_e) if taken else xs[k], rs[k]
+            taken.append(k)
+            exposed.append(last_e)
+        k += 1
+    return taken, exposed, k, last_r
 
 
 def _hull(frontier: list[Option]) -> list[Option]:
@@ -279,6 +330,11 @@ def _place(o: Option, caches: list[HullCache]) -> tuple[list[Option], int]:
     return next(c.where[id(o)] for c in caches if id(o) in c.where)
 
 
+def _regime_of(o: Option, caches: list[HullCache]) -> HullCache:
+    """The regime (of these) whose frontier holds option o."""
+    return next(c for c in caches if id(o) in c.where)
+
+
 def _class_hull(profile: Profile, model: StageModel, j: int, cache: HullCache) -> list[Option]:
     """The convex hull of that frontier (only the greedy reads it: found when first asked)."""
     key = _class_key(model, j, cache)
@@ -316,7 +372,27 @@ def solve_stage(profile: Profile, model: StageModel, caches: list[HullCache], ex
     discretised memory instead of the greedy hull walk (used for the plan; the greedy prices partitions).
     The solvers reserve the regenerated bytes alive at the backward's start; where a lower layer regenerates more than
     the layers above it have freed by then, the simulator's peak comes later and higher: the stage is solved again
-    with that much less memory (a few times at most; if none fits, the first solution, for repair)."""
+    with that much less memory (a few times at most; if none fits, the first solution, for repair).
+    Within a search (_simulations), solved once per structure: the stage at another place of the pipeline with the
+    same slots, budget and windows (interleaved chunks, other splits) has the same solution (the solvers read no
+    place: stage, first and end layer, the slots' layers)."""
+    known = _SIMULATED[-1] if _SIMULATED else None
+    if known is None:
+        return _solve_stage_budgets(profile, model, caches, exact)
+    key = ("stage", id(profile), _structure(model), tuple(map(id, caches)), exact)
+    got = known.get(key)
+    if got is None:  # holding the profile and the regimes keeps their ids from being reused
+        got = known[key] = (profile, caches, _solve_stage_budgets(profile, model, caches, exact))
+    return got[2]
+
+
+def _structure(model: StageModel) -> StageModel:
+    """The model with its place zeroed (stage, first and end layer, the slots' layers): what the solvers read."""
+    return replace(model, stage=0, first=0, end=0, slots=tuple(replace(sl, layer=0) for sl in model.slots))
+
+
+def _solve_stage_budgets(profile: Profile, model: StageModel, caches: list[HullCache], exact: bool
+                         ) -> tuple[list[Option], float] | None:
     tops = [sl.top for sl in model.slots]
     first = best = _solve_stage(profile, model, caches, exact)
     for _ in range(4):
@@ -431,11 +507,13 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     # dp[r + b]: least exposure of the slots so far within b units of memory; dp[:r] is -1 units (infeasible).
     # float32: it only ranks choices (the estimate is recomputed exactly) and halves the DP's memory traffic.
     dp = np.concatenate([np.full(r, np.inf, dtype=np.float32), np.zeros(r, dtype=np.float32)])
+    # each top option's units left for the others, floored (float64, as Python's //): the last step's columns read
+    left = np.minimum((spare + top_least - top_mem) // unit, r - 1).astype(np.int64)
     # per slot below the top: the dp it built on and its transition, to trace the choice back (a table's column is
     # found again from them: the tables themselves are rows x budgets, too many bytes to keep)
     steps = []
-    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int], np.ndarray]] = {}
-    for j in below:
+    transitions: dict[int, tuple[np.ndarray, np.ndarray, list[int]]] = {}
+    for n, j in enumerate(below):
         key = id(fronts[j])  # slots of one class share a frontier, hence a transition
         if key not in transitions:
             got = _by_units(arrays[key], base[j], unit, r)
@@ -449,19 +527,16 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
             useful |= not (np.diff(units) > 0).all()  # (a frontier's memory ascends: its rows do)
             units, exposed = units[useful], exposed[useful][:, None]
             option = [o for o, u in zip(option, useful.tolist()) if u]
-            starts = r - units  # where the dp entries each option builds on start
-            table = np.empty((len(starts), r), dtype=np.float32)  # reused by every slot of the class
-            transitions[key] = (starts, exposed, option, table)
-        starts, exposed, option, table = transitions[key]
-        # row i: dp[r + b - units_i] for every b (whole rows of a sliding window), plus option i's exposure (indexed,
-        # not np.take: take copies the whole strided window, r x r, before it gathers the rows)
-        np.add(_windows(dp, r)[starts], exposed, out=table)
-        steps.append((dp, starts, exposed, option))
-        dp = np.concatenate([dp[:r], table.min(axis=0)])
+            transitions[key] = (units, exposed, option)
+        units, exposed, option = transitions[key]
+        steps.append((dp, units, exposed, option))
+        # (the columns by np.bincount: np.unique would import numpy.ma, 10 ms, into a fresh process's first search)
+        cols = np.flatnonzero(np.bincount(left[left >= 0], minlength=r)) if n == len(below) - 1 else None
+        least = _step(dp, r, units, exposed, n == 0, cols)
+        dp = np.concatenate([dp[:r], least])
     dp = dp[r:]
-    # the best top option for the units the others leave it (the first of equals), all at once: each one's units
-    # left, floored (float64, as Python's //), and its total exposure in float32, as the dp's
-    left = np.minimum((spare + top_least - top_mem) // unit, r - 1).astype(np.int64)
+    # the best top option for the units the others leave it (the first of equals), all at once: its total exposure
+    # in float32, as the dp's
     fits = left >= 0
     fits[fits] = np.isfinite(dp[left[fits]])
     if not fits.any():
@@ -472,12 +547,34 @@ def _solve_knapsack(profile: Profile, model: StageModel, cache: HullCache) -> tu
     chosen: list[Option] = [None] * len(model.slots)  # type: ignore[list-item]
     chosen[top] = fronts[top][i]
     b = int(left[i])
-    for j, (prev, starts, exposed, option) in zip(reversed(below), reversed(steps)):
-        column = prev[starts + b] + exposed[:, 0]  # the table's column b, as the step computed it
+    for j, (prev, units, exposed, option) in zip(reversed(below), reversed(steps)):
+        column = prev[r - units + b] + exposed[:, 0]  # the table's column b, as the step computed it
         o = fronts[j][option[int(column.argmin())]]
         chosen[j] = o
         b -= math.ceil((o.mem - base[j]) / unit)
     return chosen, stage_estimate(model, chosen)
+
+
+def _step(dp: np.ndarray, r: int, units: np.ndarray, exposed: np.ndarray, empty: bool, cols: np.ndarray | None
+          ) -> np.ndarray:
+    """One knapsack step: for every b below r, the least over the rows i of dp[r + b - units_i] + exposed_i (float32;
+    dp[:r] is -1 units, inf). `empty`: dp is 0 from 0 units up, so row i is its exposure from its units up and each
+    column's least is the least exposure within it, a running minimum (the same float32 values; a memory's units
+    are one row's). `cols`: only those columns (the last step's dp is read where the top's options leave it), inf
+    elsewhere."""
+    if empty:
+        least = np.full(r, np.inf, dtype=np.float32)
+        least[units] = exposed[:, 0]
+        return np.minimum.accumulate(least, out=least)
+    starts = r - units  # where each row's dp entries start
+    if cols is not None:
+        least = np.full(r, np.inf, dtype=np.float32)
+        least[cols] = (dp[starts[:, None] + cols] + exposed).min(axis=0)
+        return least
+    # whole rows of a sliding window, indexed (not np.take: take copies the whole strided window, r x r, before it
+    # gathers the rows)
+    table = _windows(dp, r)[starts]  # (a copy: the gather)
+    return np.add(table, exposed, out=table).min(axis=0)
 
 
 def _windows(a: np.ndarray, r: int) -> np.ndarray:
@@ -844,7 +941,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
     chosen = [list(opts) for opts in got.chosen]
     pols, cur = got.pols, got.evaluation
     chosen, pols, cur = _on_demand_ranks(profile, limit, got, chosen, pols, cur)
-    tried: set[tuple[int, int, int]] = set()
+    tried: dict[tuple[int, int], set[int]] = {}  # per chunk and slot: the ids of the options tried (same frontier)
     too_big: dict[int, int] = {}  # per rank: the least step (bytes, in the model's count) the simulation refused
     off_path: set[int] = set()  # ranks whose last step changed nothing
     idle = 0  # steps in a row that fit but were not faster
@@ -859,10 +956,11 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
             if left <= 0 or rank in off_path:
                 continue
             for j, o in enumerate(chosen[c]):
-                frontier, i = _place(o, got.regimes)
-                for up in frontier[i + 1:]:
-                    if up.mem - o.mem > left or (c, j, id(up)) in tried:
-                        continue
+                cache = _regime_of(o, got.regimes)
+                frontier, i = cache.where[id(o)]
+                skip = [cache.where[u][1] for u in tried.get((c, j), ())]
+                for up in _steps_up(frontier, i, _front_arrays(frontier, cache), left, best[0][0] if best else None,
+                                    skip):
                     # exposure saved, then recomputation saved (hidden work still slows the stage it hides in)
                     saved = (round(o.exposed_s - up.exposed_s, 12), o.cand.rec_s - up.cand.rec_s)
                     if saved > (0.0, 0.0) and saved[0] >= 0 and (best is None or saved > best[0]):
@@ -870,7 +968,7 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         if best is None:
             break
         _, c, j, up = best
-        tried.add((c, j, id(up)))
+        tried.setdefault((c, j), set()).add(id(up))
         was = chosen[c][j]
         chosen[c][j] = up
         trial = policies_of(profile, got.models, chosen)
@@ -891,6 +989,26 @@ def fill(profile: Profile, limit: int, got: _Planned, max_sims: int = FILL_SIMUL
         if result.predicted.iteration_time_s == cur.predicted.iteration_time_s:
             off_path.add(rank)
     return replace(got, chosen=chosen, pols=pols, evaluation=cur)
+
+
+def _steps_up(frontier: list[Option], i: int, a: _FrontArrays, left: int, least: float | None,
+              skip: list[int]) -> list[Option]:
+    """The options up a frontier from its option i that fill may take, in frontier order: within `left` more bytes,
+    not at a position in `skip` (tried), and of the exposure saved (rounded to 1e-12, as fill compares it) at least 0
+    and `least` (the best so far) and the most among them (recomputation saved breaks ties). An option saving less
+    than the most by over 2e-12 rounds lower: it cannot win; nor one saving below -1e-12 or below `least` by over
+    1e-12."""
+    if len(frontier) - i <= SHORT_ARRAYS:  # (numpy's calls cost more than a short loop)
+        o = frontier[i]
+        return [up for k, up in enumerate(frontier[i + 1:], i + 1) if up.mem - o.mem <= left and k not in skip]
+    saved = frontier[i].exposed_s - a.exposed_s[i + 1:]  # float64, as Python's floats
+    floor = -1e-12 if least is None else max(-1e-12, least - 1e-12)
+    ok = (a.mem[i + 1:] - frontier[i].mem <= left) & (saved >= floor)
+    ok[[k - i - 1 for k in skip if k > i]] = False
+    up = np.flatnonzero(ok)
+    if len(up):
+        up = up[saved[up] >= saved[up].max() - 2e-12]
+    return [frontier[i + 1 + k] for k in up.tolist()]
 
 
 def _on_demand_ranks(profile: Profile, limit: int, got: _Planned, chosen: list[list[Option]], pols, cur):
