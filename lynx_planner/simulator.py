@@ -526,9 +526,18 @@ class _Memory:
             return max(0, max(accumulate(d for _, d in sorted(zip(times, deltas))), default=0))
         # In time order, the sum over a run of equal times, frees first, is lowest inside the run and highest at one of
         # its ends: the peak is the highest sum at the end of a run.
-        sums = list(accumulate(deltas))
-        ends = compress(sums, map(ne, times, islice(times, 1, None)))
-        return max(0, max(ends, default=0), sums[-1] if sums else 0)
+        return max(0, _run_end_top(times, list(accumulate(deltas)))) if times else 0
+
+
+def _run_end_top(times: list[float], sums: list[int]) -> int:
+    """The highest of `sums` (the running sums of events at `times`, in time order; `times` may go on, at later times)
+    at the end of a run of equal times. Most events have a time of their own: where the highest sum of all is first
+    met at a run's end, that is it (no run's end is higher); only otherwise the run ends are picked out."""
+    top = max(sums)
+    i = sums.index(top)
+    if i + 1 == len(sums) or times[i] != times[i + 1]:
+        return top
+    return max(sums[-1], max(compress(sums, map(ne, times, islice(times, 1, len(sums)))), default=sums[-1]))
 
 
 def _serve(queue: list[list], mem: _Memory, t: float, until: float, gamma: float, hidden: float
@@ -1039,9 +1048,9 @@ def _settled_peak(mem: _Memory, scan: list, now: float) -> int | None:
     if tail[0] < last or tail != sorted(tail):
         return None
     j = bisect.bisect_left(tail, now)  # the events before now: each time's run is complete
-    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))[1:]
-    ends = compress(sums, map(ne, tail, islice(tail, 1, j)))  # at the end of each time but the last
-    top = max(top, sums[-1], max(ends, default=top))
+    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))
+    del sums[0]
+    top = max(top, _run_end_top(tail, sums))
     scan[:] = [i + j, sums[-1], top, tail[j - 1]]
     return top
 
