@@ -435,7 +435,10 @@ class _Chunk:
         self.reload_below = [l > 0 and runs[l - 1].off_bytes > 0 and runs[l - 1].reload == "layer_above"
                              for l in range(n)]
         self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs) and not self.offloads
-        self.fwd_straight = [x[6] for x in tables]
+        # (a straight forward's events: its layers' ends, each with its kept bytes; the times one by one, the bytes in
+        # one extend, as the two lists end up the same)
+        self.fwd_straight = [x[6][:2] for x in tables]
+        self.fwd_kept = [x[6][2] for x in tables]
         sums = self.bwd_input_sums if split else self.bwd_sums
         self.bwd_straight = [x[7] for x in reversed(tables)]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
@@ -687,12 +690,12 @@ class _Stage:
         ch = self.chunks[c]
         if self.trace is None and not self.queue and not ch.offloads and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
-            t, busy, times, deltas = ready if ready > self.t else self.t, self.busy, self.mem.times, self.mem.deltas
-            for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
+            t, busy, times = ready if ready > self.t else self.t, self.busy, self.mem.times
+            for dt_busy, dt in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
                 busy += dt_busy
                 t += dt
                 times.append(t)
-                deltas.append(kept)
+            self.mem.deltas.extend(ch.fwd_kept)
             self.t, self.busy = t, busy
             return
         self.idle(ready)
@@ -822,13 +825,6 @@ class _Stage:
         else:
             t = ready if ready > t else t
         for l, below, uniform, recomputes, r, pairs, segs_busy, segs_s, freed, transient in ch.bwd_local:
-            if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
-                task = [below.rec_s, below.rec_bytes, False, l - 1]
-                pending[l - 1] = task
-                i = 0
-                while i < len(queue) and queue[i][3] > l - 1:
-                    i += 1
-                queue.insert(i, task)
             for u in uniform:  # as _expose: never started
                 note_t(t)
                 note_d(u.rec_bytes)
@@ -851,6 +847,13 @@ class _Stage:
                     t += work
                     busy += work
                     exposed += work
+            if below is not None:
+                # layer_above: released at this layer's backward and served after this layer's task, which is consumed
+                # just above (nothing in between touches the queue); every higher layer's task went at its own layer,
+                # and the others queued are lower: so it goes first
+                task = [below.rec_s, below.rec_bytes, False, l - 1]
+                pending[l - 1] = task
+                queue.insert(0, task)
             if transient:
                 note_t(t)
                 note_d(transient)
@@ -1100,11 +1103,12 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     visits, complete = _visits(par.schedule, p, v, m, blocking)
     # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited thousands of times).
     visit = [(st, order, fired, st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
-              st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
+              st.mem.times.append, st.mem.deltas.append, st.mem.deltas.extend)
+             for st, (order, _, fired) in zip(stages, tables)]
     # with caps, each rank's memory so far, scanned after each visit (not with offload: the copy engine's events)
     scans = [[0, 0, 0, -math.inf] for _ in range(p)] if caps is not None and link is None else None
     for s, i, stop in visits:
-        st, order, fired, chunks, plain_f, plain_b, waits, note_t, note_d = visit[s]
+        st, order, fired, chunks, plain_f, plain_b, waits, note_t, note_d, add_d = visit[s]
         # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
         # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
         # items go through the rank's methods, the copies synchronised around them.
@@ -1136,11 +1140,12 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                     t, busy, exposed = st.t, st.busy, st.exposed
                 elif plain_f and not st.queue:  # as _Stage.forward with nothing to queue
                     t = ready if ready > t else t
-                    for dt_busy, dt, kept in chunks[c].fwd_straight:
+                    ch = chunks[c]
+                    for dt_busy, dt in ch.fwd_straight:
                         busy += dt_busy
                         t += dt
                         note_t(t)
-                        note_d(kept)
+                    add_d(ch.fwd_kept)
                     fwd_end[c][k] = t
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
