@@ -435,7 +435,10 @@ class _Chunk:
         self.reload_below = [l > 0 and runs[l - 1].off_bytes > 0 and runs[l - 1].reload == "layer_above"
                              for l in range(n)]
         self.straight = not any(self.by_at.values()) and all(r.trigger is None for r in runs) and not self.offloads
-        self.fwd_straight = [x[6] for x in tables]
+        # (a straight forward's events: its layers' ends, each with its kept bytes; the times one by one, the bytes in
+        # one extend, as the two lists end up the same)
+        self.fwd_straight = [x[6][:2] for x in tables]
+        self.fwd_kept = [x[6][2] for x in tables]
         sums = self.bwd_input_sums if split else self.bwd_sums
         self.bwd_straight = [x[7] for x in reversed(tables)]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
@@ -526,9 +529,18 @@ class _Memory:
             return max(0, max(accumulate(d for _, d in sorted(zip(times, deltas))), default=0))
         # In time order, the sum over a run of equal times, frees first, is lowest inside the run and highest at one of
         # its ends: the peak is the highest sum at the end of a run.
-        sums = list(accumulate(deltas))
-        ends = compress(sums, map(ne, times, islice(times, 1, None)))
-        return max(0, max(ends, default=0), sums[-1] if sums else 0)
+        return max(0, _run_end_top(times, list(accumulate(deltas)))) if times else 0
+
+
+def _run_end_top(times: list[float], sums: list[int]) -> int:
+    """The highest of `sums` (the running sums of events at `times`, in time order; `times` may go on, at later times)
+    at the end of a run of equal times. Most events have a time of their own: where the highest sum of all is first
+    met at a run's end, that is it (no run's end is higher); only otherwise the run ends are picked out."""
+    top = max(sums)
+    i = sums.index(top)
+    if i + 1 == len(sums) or times[i] != times[i + 1]:
+        return top
+    return max(sums[-1], max(compress(sums, map(ne, times, islice(times, 1, len(sums)))), default=sums[-1]))
 
 
 def _serve(queue: list[list], mem: _Memory, t: float, until: float, gamma: float, hidden: float
@@ -678,12 +690,12 @@ class _Stage:
         ch = self.chunks[c]
         if self.trace is None and not self.queue and not ch.offloads and (
                 releases is None or not self.chunks[releases[0]].by_at["prev_forward"]):  # nothing to queue
-            t, busy, times, deltas = ready if ready > self.t else self.t, self.busy, self.mem.times, self.mem.deltas
-            for dt_busy, dt, kept in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
+            t, busy, times = ready if ready > self.t else self.t, self.busy, self.mem.times
+            for dt_busy, dt in ch.fwd_straight:  # the additions of idle() and _segments() with nothing queued
                 busy += dt_busy
                 t += dt
                 times.append(t)
-                deltas.append(kept)
+            self.mem.deltas.extend(ch.fwd_kept)
             self.t, self.busy = t, busy
             return
         self.idle(ready)
@@ -813,13 +825,6 @@ class _Stage:
         else:
             t = ready if ready > t else t
         for l, below, uniform, recomputes, r, pairs, segs_busy, segs_s, freed, transient in ch.bwd_local:
-            if below is not None:  # layer_above: released at this layer's backward, served after this layer's task
-                task = [below.rec_s, below.rec_bytes, False, l - 1]
-                pending[l - 1] = task
-                i = 0
-                while i < len(queue) and queue[i][3] > l - 1:
-                    i += 1
-                queue.insert(i, task)
             for u in uniform:  # as _expose: never started
                 note_t(t)
                 note_d(u.rec_bytes)
@@ -842,6 +847,13 @@ class _Stage:
                     t += work
                     busy += work
                     exposed += work
+            if below is not None:
+                # layer_above: released at this layer's backward and served after this layer's task, which is consumed
+                # just above (nothing in between touches the queue); every higher layer's task went at its own layer,
+                # and the others queued are lower: so it goes first
+                task = [below.rec_s, below.rec_bytes, False, l - 1]
+                pending[l - 1] = task
+                queue.insert(0, task)
             if transient:
                 note_t(t)
                 note_d(transient)
@@ -943,6 +955,69 @@ def _rank_tables(kind: str, p: int, v: int, rank: int, m: int):
     return order, backward_deadlines(order), tuple(fires.get((c, k)) if a == "F" else None for a, c, k in order)
 
 
+@lru_cache(maxsize=256)
+def _visits(kind: str, p: int, v: int, m: int, blocking: bool) -> tuple[tuple[tuple[int, int, int], ...], bool]:
+    """The visits simulate() makes to the ranks, as (rank, first item, end) in order, and whether they run every item
+    (else the schedule deadlocks). Passes over the ranks in order, each running as far as its inputs allow: an item
+    needs the end of the item before it on its path (a forward the forward of the chunk below, a backward the backward
+    of the chunk above; with blocking p2p, a paired forward the gradient of its backward too), so which items a visit
+    runs follows from the schedule alone, not from any time. A rank that stopped is visited again only once an item it
+    may wait for has ended (in this pass if it comes later, else in the next); visits that run nothing are left out
+    (they change nothing)."""
+    orders = [_rank_tables(kind, p, v, r, m)[0] for r in range(p)]
+    pairs = schedules.get(kind).paired_sends if blocking else None
+    paired = [pairs(p, v, r, m) if pairs else frozenset() for r in range(p)]
+    n_chunks = p * v
+    last = n_chunks - 1
+    fwd_done = [[False] * m for _ in range(n_chunks)]
+    bwd_done = [[False] * m for _ in range(n_chunks)]
+    up = [schedules.rank_of(p, c + 1) for c in range(n_chunks)]  # the rank an item's end may unblock
+    down = [schedules.rank_of(p, c - 1) for c in range(n_chunks)]
+    ptr = [0] * p
+    now, later = list(range(p)), []  # this pass's ranks (a heap), the next pass's
+    queued = [True] * p
+    visits = []
+
+    def wake(r: int, s: int) -> None:
+        if not queued[r] and r != s:
+            queued[r] = True
+            heapq.heappush(now, r) if r > s else later.append(r)
+
+    while now:
+        s = heapq.heappop(now)
+        queued[s] = False
+        order, i = orders[s], ptr[s]
+        while i < len(order):
+            kind_, c, k = order[i]
+            if kind_ == "F":
+                if c > 0 and not fwd_done[c - 1][k]:
+                    break
+                if blocking and c < last and i in paired[s]:  # with the backward after it
+                    _, cb, kb = order[i + 1]
+                    if cb < last and not bwd_done[cb + 1][kb]:
+                        break
+                    bwd_done[cb][kb] = True
+                    if cb > 0:
+                        wake(down[cb], s)
+                    i += 1
+                fwd_done[c][k] = True
+                if c < last:
+                    wake(up[c], s)
+            elif kind_ == "B":  # the last chunk's follows its own forward on the same rank
+                if c < last and not bwd_done[c + 1][k]:
+                    break
+                bwd_done[c][k] = True
+                if c > 0:
+                    wake(down[c], s)
+            i += 1  # W follows its own B on the same rank
+        if i > ptr[s]:
+            visits.append((s, ptr[s], i))
+        ptr[s] = i
+        if not now:
+            now, later = sorted(later), []
+    return tuple(visits), all(i == len(o) for i, o in zip(ptr, orders))
+
+
 # A search simulates many plans that share chunks, and their timelines agree until the first item their
 # differences reach (a rank's items before it start from the same state): within reused_backwards(), a local backward
 # (_Stage.backward_local: a pure function of its chunk's tables, the rank's clock, busy, exposed and hidden seconds,
@@ -976,9 +1051,9 @@ def _settled_peak(mem: _Memory, scan: list, now: float) -> int | None:
     if tail[0] < last or tail != sorted(tail):
         return None
     j = bisect.bisect_left(tail, now)  # the events before now: each time's run is complete
-    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))[1:]
-    ends = compress(sums, map(ne, tail, islice(tail, 1, j)))  # at the end of each time but the last
-    top = max(top, sums[-1], max(ends, default=top))
+    sums = list(accumulate(islice(mem.deltas, i, i + j), initial=run))
+    del sums[0]
+    top = max(top, _run_end_top(tail, sums))
     scan[:] = [i + j, sums[-1], top, tail[j - 1]]
     return top
 
@@ -1020,86 +1095,68 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
     paired = [pairs(p, v, r, m) if pairs else frozenset() for r in range(p)]
     fwd_end = [[-1.0] * m for _ in range(n_chunks)]
     bwd_end = [[-1.0] * m for _ in range(n_chunks)]
-    ptr = [0] * p
-    remaining = sum(len(o) for o in orders)
     last = n_chunks - 1
-    # Passes over the ranks in order, each running as far as its inputs allow. A rank's work depends only on its own
-    # state and the ends of the items it waits for, so a rank that stopped is visited again only once an item it may
-    # wait for has ended (in this pass if it comes later, else in the next): the same visits that make progress, in
-    # the same order (the trace's order too), as visiting every rank in every pass.
-    now, later = list(range(p)), []  # this pass's ranks (a heap), the next pass's
-    queued = [True] * p
-    up = [schedules.rank_of(p, c + 1) for c in range(n_chunks)]  # the rank an item's end may unblock
-    down = [schedules.rank_of(p, c - 1) for c in range(n_chunks)]
-    # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited tens of thousands of times).
-    visit = [(st, order, fired, len(order), st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
-              st.mem.times.append, st.mem.deltas.append) for st, (order, _, fired) in zip(stages, tables)]
+    # The visits to the ranks, each running a rank's items as far as its inputs allow: which items a visit runs
+    # depends on the schedule alone (an item waits for the end of another, never for a time), so they are found once
+    # per schedule (_visits) and only their timing is simulated here, visit by visit in the same order (the trace's
+    # order too).
+    visits, complete = _visits(par.schedule, p, v, m, blocking)
+    # What a visit to a rank reads, looked up once (a deep pipeline's ranks are visited thousands of times).
+    visit = [(st, order, fired, st.chunks, st.plain_forward, st.trace is None, st.grad_waits,
+              st.mem.times.append, st.mem.deltas.append, st.mem.deltas.extend)
+             for st, (order, _, fired) in zip(stages, tables)]
     # with caps, each rank's memory so far, scanned after each visit (not with offload: the copy engine's events)
     scans = [[0, 0, 0, -math.inf] for _ in range(p)] if caps is not None and link is None else None
-    while now:
-        s = heapq.heappop(now)
-        queued[s] = False
-        st, order, fired, n_order, chunks, plain_f, plain_b, waits, note_t, note_d = visit[s]
+    for s, i, stop in visits:
+        st, order, fired, chunks, plain_f, plain_b, waits, note_t, note_d, add_d = visit[s]
         # Straight F and B (nothing queued, nothing released on the way) run here, on local copies of the rank's
         # clock, busy and exposed seconds: method calls and attribute traffic were most of their cost. The other
         # items go through the rank's methods, the copies synchronised around them.
         t, busy, exposed = st.t, st.busy, st.exposed
-        i = ptr[s]
-        while i < n_order:
+        while i < stop:  # each item's inputs have ended (_visits)
             kind, c, k = order[i]
             if kind == "F":
                 if c == 0:
                     ready = 0.0
                 else:
                     ready = fwd_end[c - 1][k]
-                    if ready < 0:
-                        break
                     ready = (max(ready, posted[s]) if blocking else ready) + send[c - 1]
                 if blocking:  # Megatron's blocking p2p: through the rank's methods
-                    pair = c < last and i in paired[s]
-                    if pair:  # the pair starts once the backward's gradient is in too; F's output leaves after B
-                        _, cb, kb = order[i + 1]
-                        if cb < last and bwd_end[cb + 1][kb] < 0:
-                            break
+                    if c < last and i in paired[s]:  # the pair starts once the backward's gradient is in too; F's
+                        _, cb, kb = order[i + 1]  # output leaves after B
                         ready = max(ready, max(bwd_end[cb + 1][kb], posted[s]) + send[cb] if cb < last else 0.0)
-                    st.t, st.busy, st.exposed = t, busy, exposed
-                    st.forward(c, k, ready, fired[i])
-                    if pair:
+                        st.t, st.busy, st.exposed = t, busy, exposed
+                        st.forward(c, k, ready, fired[i])
                         st.backward(cb, kb, fwd_end[cb][kb] if cb == last else st.t)
                         bwd_end[cb][kb] = fwd_end[c][k] = posted[s] = st.t
                         st.idle(st.t + max(hold[c], hold[cb - 1] if cb > 0 else 0.0))
-                        if cb > 0 and not queued[r := down[cb]] and r != s:
-                            queued[r] = True
-                            heapq.heappush(now, r) if r > s else later.append(r)
                         i += 1
                     else:
+                        st.t, st.busy, st.exposed = t, busy, exposed
+                        st.forward(c, k, ready, fired[i])
                         fwd_end[c][k] = posted[s] = st.t
                         if c < last:
                             st.idle(st.t + hold[c])
                     t, busy, exposed = st.t, st.busy, st.exposed
                 elif plain_f and not st.queue:  # as _Stage.forward with nothing to queue
                     t = ready if ready > t else t
-                    for dt_busy, dt, kept in chunks[c].fwd_straight:
+                    ch = chunks[c]
+                    for dt_busy, dt in ch.fwd_straight:
                         busy += dt_busy
                         t += dt
                         note_t(t)
-                        note_d(kept)
+                    add_d(ch.fwd_kept)
                     fwd_end[c][k] = t
                 else:
                     st.t, st.busy, st.exposed = t, busy, exposed
                     st.forward(c, k, ready, fired[i])
                     t, busy, exposed = st.t, st.busy, st.exposed
                     fwd_end[c][k] = t
-                if c < last and not queued[r := up[c]] and r != s:  # wake the next chunk's rank
-                    queued[r] = True
-                    heapq.heappush(now, r) if r > s else later.append(r)
             elif kind == "B":
                 if c == last:
                     ready = fwd_end[c][k]
                 else:
                     ready = bwd_end[c + 1][k]
-                    if ready < 0:
-                        break
                     ready = (max(ready, posted[s]) if blocking else ready) + send[c]
                 ch = chunks[c]
                 if ch.straight and plain_b and not st.queue:  # recomputation all on demand: backward()'s additions
@@ -1136,26 +1193,19 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
                         st.t, st.busy, st.exposed = t, busy, exposed
                         st.idle(t + hold[c - 1])
                         t = st.t
-                if c > 0 and not queued[r := down[c]] and r != s:  # wake the previous chunk's rank
-                    queued[r] = True
-                    heapq.heappush(now, r) if r > s else later.append(r)
             else:  # W follows its own B on the same rank
                 st.t, st.busy, st.exposed = t, busy, exposed
                 st.weight(c, k)
                 t, busy, exposed = st.t, st.busy, st.exposed
             i += 1
         st.t, st.busy, st.exposed = t, busy, exposed
-        remaining -= i - ptr[s]
-        ptr[s] = i
         if scans is not None and scans[s] is not None and len(st.mem.times) - scans[s][0] >= CAP_SCAN_EVENTS:
             top = _settled_peak(st.mem, scans[s], t)
             if top is None:
                 scans[s] = None
             elif top > caps[s]:
                 return None
-        if not now:
-            now, later = sorted(later), []
-    if remaining:
+    if not complete:
         raise RuntimeError("pipeline schedule deadlocked")
     results = [StageResult(st.activation_peak(), st.busy, st.exposed, st.hidden, st.t, st.grad_waits, bwd_end[s])
                for s, st in enumerate(stages)]

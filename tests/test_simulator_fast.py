@@ -261,3 +261,71 @@ def test_backwards_replayed_within_a_search_match_the_reference(case):
             assert fast.chunk_grad_waits_s == want.chunk_grad_waits_s
             assert fast_seen == want_seen
         assert len(simulator._REUSED[-1]) == entries  # the first plan again: all replayed
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.sampled_from((0.0, 1.0, 2.0, 3.0)), st.integers(-50, 50)), min_size=1, max_size=12),
+       st.integers(0, 3))
+def test_the_highest_run_end_is_the_highest_sum_at_the_end_of_a_time(events, more):
+    """_run_end_top's shortcut (the highest running sum, where first met at the end of its time's run) against the
+    plain definition: the highest running sum whose next event (if any, in `times` beyond the sums too) has another
+    time."""
+    events = sorted(events, key=lambda e: e[0])
+    times = [t for t, _ in events] + [4.0 + i for i in range(more)]  # times may go on past the sums
+    sums, run = [], 0
+    for _, d in events:
+        run += d
+        sums.append(run)
+    want = max(s for i, s in enumerate(sums) if i + 1 == len(times) or times[i] != times[i + 1])
+    assert simulator._run_end_top(times, sums) == want
+
+
+def passes_over_every_rank(kind: str, p: int, v: int, m: int, blocking: bool) -> tuple[list[tuple[int, int, int]], bool]:
+    """The visits the plain way: pass after pass over every rank in order, each running its items as far as their
+    inputs have ended, until a pass runs nothing; the visits that ran something, as (rank, first item, end)."""
+    orders = [list(schedules.order(kind, p, v, r, m)) for r in range(p)]
+    paired = [schedules.get(kind).paired_sends(p, v, r, m) if blocking and schedules.get(kind).paired_sends
+              else frozenset() for r in range(p)]
+    done, ptr, visits, last = set(), [0] * p, [], p * v - 1
+
+    def ran(item) -> bool:
+        return item in done
+
+    progress = True
+    while progress:
+        progress = False
+        for s in range(p):
+            i = ptr[s]
+            while i < len(orders[s]):
+                kind_, c, k = orders[s][i]
+                if kind_ == "F" and c > 0 and not ran(("F", c - 1, k)):
+                    break
+                if kind_ == "B" and c < last and not ran(("B", c + 1, k)):
+                    break
+                if kind_ == "F" and c < last and i in paired[s]:  # blocking p2p: runs with the backward after it
+                    _, cb, kb = orders[s][i + 1]
+                    if cb < last and not ran(("B", cb + 1, kb)):
+                        break
+                    done.add(orders[s][i])
+                    i += 1
+                done.add(orders[s][i])
+                i += 1
+            if i > ptr[s]:
+                visits.append((s, ptr[s], i))
+                ptr[s], progress = i, True
+    return visits, all(i == len(o) for i, o in zip(ptr, orders))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.sampled_from(schedules.NAMES), st.integers(1, 5), st.integers(1, 3), st.integers(1, 9), st.booleans())
+def test_the_visits_found_once_per_schedule_are_the_passes_over_every_rank(kind, p, v, m, blocking):
+    """simulate() runs the visits _visits finds once per schedule (waking only the ranks an item's end may unblock):
+    those that run something, in order, are those of passes over every rank (the trace's order rests on it)."""
+    lo, hi = schedules.get(kind).virtual
+    v = max(v, lo) if hi is None else min(max(v, lo), hi)
+    if schedules.get(kind).rounds:
+        m = p * max(1, m // p)
+    assert schedules.problem(kind, p, v, m) is None
+    visits, complete = simulator._visits(kind, p, v, m, blocking)
+    assert (list(visits), complete) == passes_over_every_rank(kind, p, v, m, blocking)
+    assert complete

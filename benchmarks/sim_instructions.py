@@ -1,0 +1,70 @@
+"""Instructions (valgrind's callgrind, Ir) of the pipeline simulator within HEU's search: per case, one HEU search
+records its simulate calls, they are replayed once to warm up and then once more with callgrind's instrumentation on
+(toggled by callgrind_control from inside the process), so the count is that of the replayed simulations alone.
+Instruction counts do not depend on the machine's load: two trees compare on a busy machine (run them under
+`flock /work/wt/measure.lock` or alone all the same: callgrind is about 50x slower than the plain run).
+
+    python benchmarks/sim_instructions.py [--tree <a checkout>] [--cases readme,llama3-405b,qwen3-32b]
+
+Cases as benchmarks/sim_time.py names them. Each case runs in its own valgrind process with PYTHONPATH at the tree
+(this one by default); the cyclic garbage collector is left on, as in a search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(name: str) -> None:
+    """Inside valgrind: record, warm up, count one replay."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import sim_time
+
+    prof, limit = sim_time.case(name)
+    calls: list = []
+    sim_time.search(prof, limit, calls)
+    sim_time.replay(calls)
+
+    def toggle(state: str) -> None:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
+    toggle("on")
+    sim_time.replay(calls)
+    toggle("off")
+
+
+def count(tree: Path, name: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                        sys.executable, __file__, "--child", name], env=env, check=True, capture_output=True)
+        got = re.search(r"^totals: (\d+)", out.read_text(), re.M)
+        return int(got.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose lynx_planner is counted")
+    ap.add_argument("--cases", default="readme,llama3-405b,qwen3-32b")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    print(f"instructions (Ir) of one HEU search's simulations replayed, lynx_planner of {args.tree}")
+    print("| case | Ir |\n|---|---:|")
+    for name in args.cases.split(","):
+        print(f"| {name} | {count(args.tree.resolve(), name):,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
