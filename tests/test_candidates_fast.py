@@ -15,7 +15,7 @@ from lynx_planner import policy
 from lynx_planner.solvers import candidates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_candidates_scale import _catalog_layer  # noqa: E402
+from test_candidates_scale import _catalog_layer, _steps  # noqa: E402
 from test_properties import blocks  # noqa: E402
 
 
@@ -118,3 +118,38 @@ def test_skipped_tries_leave_the_bounded_frontier(monkeypatch):
     candidates.reset_caches()
     monkeypatch.setattr(candidates._Sure, "of", staticmethod(lambda states: None))
     assert candidates.frontier(block) == got
+
+
+def test_least_work_left_goes_on_where_it_stopped():
+    """One _LeastLeft asked budget after budget (as an exact search's two tries ask it) answers each as the plain
+    sums say (whether any passes the budget), at every sum and one below it."""
+    info = policy.analyse(_catalog_layer("qwen3-32b"))
+    ops, units, keepable, holds, steps = _steps(info)
+    args = (info, ops, 2, steps[2][0], units, keepable, holds)
+    sums = list(candidates._least_sums(*args))
+    assert len(sums) > 10 and sums[-1] > 100
+    budgets = sorted({b for x in sums for b in (x - 1, x)})
+    left = candidates._LeastLeft(*args)
+    for budget in budgets + budgets[::-1]:
+        assert left.exceeds(budget) == any(x > budget for x in sums), budget
+        assert candidates._work_exceeds(*args[:4], budget, *args[4:]) == any(x > budget for x in sums), budget
+
+
+def test_a_search_goes_on_only_with_its_own_least_work_left():
+    """A resumed exact search reuses the least work left only where it was computed from the same states: one
+    computed elsewhere (here one that says every budget is passed) is not taken for its own."""
+
+    class Elsewhere:
+        states = {}
+
+        def exceeds(self, budget):
+            return True
+
+    info = policy.analyse(_catalog_layer("qwen3-32b"))
+    ops, units, keepable, holds, steps = _steps(info)
+    k = 5
+    stopped = candidates._OverWork((k, steps[k][0], sum(size for _, size in steps[:k + 1]), steps[k][1]), None,
+                                   Elsewhere())
+    got, eps = candidates._search(info, candidates.WORK_CAP, None, stopped)
+    assert eps == 0 and got == candidates.frontier(info.block).candidates
+

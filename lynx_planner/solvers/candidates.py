@@ -80,9 +80,10 @@ class _OverWork(Exception):
     (None: none did), each as (op position, states after that op, work so far, size): a later search goes on from
     there instead of starting over (both steps' states are those of a search from the start)."""
 
-    def __init__(self, stopped: tuple | None = None, crowded: tuple | None = None):
+    def __init__(self, stopped: tuple | None = None, crowded: tuple | None = None, left: _LeastLeft | None = None):
         super().__init__()
         self.stopped, self.crowded = stopped, crowded
+        self.left = left  # the least work left, as far as computed (a later search from the same states goes on)
 
 
 @contextmanager
@@ -211,6 +212,7 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None, 
         crowded = resume.crowded
         k, states, work, size = resume.stopped if work_cap is not None or crowded is None else crowded
     built = resume is None  # else the states of op k are the resumed ones: only its check is left
+    left = None if resume is None else resume.left  # the least work left after the first checked step (_LeastLeft)
     bounded_work = False  # whether the exact search has checked the least work left (once, at its first step)
     while k < len(ops):
         if not built:
@@ -222,9 +224,11 @@ def _search(info: policy.BlockInfo, work_cap: int | None, step_cap: int | None, 
         if work_cap is not None:
             if crowded is None and size > STEP_CAP:
                 crowded = (k, states, work, size)
+            if not bounded_work and (left is None or left.states is not states):  # (else: a try before went on)
+                left = _LeastLeft(info, ops, k, states, units, keepable, holds)  # lazy: computed as far as asked
             if work > work_cap or (step_cap is not None and size > step_cap) or _late() or (
-                    not bounded_work and _work_exceeds(info, ops, k, states, work_cap - work, units, keepable, holds)):
-                raise _OverWork((k, states, work, size), crowded)  # too much work to be exact, or out of time
+                    not bounded_work and left.exceeds(work_cap - work)):
+                raise _OverWork((k, states, work, size), crowded, left)  # too much work to be exact, or out of time
             bounded_work = True
             k += 1
             continue
@@ -313,6 +317,33 @@ def _work_exceeds(info: policy.BlockInfo, ops: list, k: int, states: dict, budge
     partial policy beats another with a different least pair of its state. So a step keeps at least as many partial
     policies as its states have least pairs (the states are the exact search's: every state it reaches is
     non-empty)."""
+    return _LeastLeft(info, ops, k, states, units, keepable, holds).exceeds(budget)
+
+
+class _LeastLeft:
+    """_work_exceeds's lower bound after each step, computed only as far as asked and kept with the states it starts
+    from: the exact search's second try of a block (a larger cap), which goes on from the states where the first
+    stopped, goes on computing it from where the first try's check stopped (the sums only grow, so whether one
+    passes a budget is known once one does, or once the last step is counted)."""
+
+    def __init__(self, info: policy.BlockInfo, ops: list, k: int, states: dict, units: set, keepable: set,
+                 holds: set):
+        self.states = states
+        self._sums = _least_sums(info, ops, k, states, units, keepable, holds)
+        self._reached, self._done = 0, False
+
+    def exceeds(self, budget: int) -> bool:
+        while self._reached <= budget and not self._done:
+            got = next(self._sums, None)
+            if got is None:
+                self._done = True
+            else:
+                self._reached = got
+        return self._reached > budget
+
+
+def _least_sums(info: policy.BlockInfo, ops: list, k: int, states: dict, units: set, keepable: set, holds: set):
+    """_work_exceeds's least partial policies of the steps after op k, summed: after each step, the sum so far."""
     stairs = {r: _stair(np.array([p[0] for p in ps], dtype=np.int64), np.array([p[2] for p in ps], dtype=np.int64))
               for r, ps in states.items()}
     least = 0
@@ -334,9 +365,7 @@ def _work_exceeds(info: policy.BlockInfo, ops: list, k: int, states: dict, budge
         stairs = {r: _stair(np.concatenate([a for a, _ in got]), np.concatenate([b for _, b in got]))
                   for r, got in nxt.items()}
         least += sum(len(a) for a, _ in stairs.values())
-        if least > budget:
-            return True
-    return False
+        yield least
 
 
 def _stair(kept: np.ndarray, regen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
