@@ -292,7 +292,7 @@ def test_stopping_exact_searches_early_keeps_the_frontier(name, monkeypatch):
     block = _catalog_layer(name)
     got = candidates.frontier(block)
     candidates.reset_caches()
-    monkeypatch.setattr(candidates, "_work_exceeds", lambda *a: False)
+    monkeypatch.setattr(candidates._LeastLeft, "exceeds", lambda self, budget: False)
     want = candidates.frontier(block)
     assert got == want
     assert got.exact == (name == "qwen3-32b")
