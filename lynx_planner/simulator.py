@@ -1034,6 +1034,12 @@ def reused_backwards():
         yield
     finally:
         _REUSED.pop()
+        if not _REUSED:
+            # The tables of this search's runs and chunks (keyed by the objects, which the search made: no later one
+            # meets them again), freed with it rather than kept until the caches fill: tens of thousands of objects
+            # each later garbage collection would scan.
+            _LAYER_TABLES.clear()
+            _CHUNKS.clear()
 
 
 CAP_SCAN_EVENTS = 256  # with caps, a rank's memory is scanned once this many events have come since the last scan

@@ -700,8 +700,10 @@ def _frontier(cands: list[Candidate]) -> tuple[Candidate, ...]:
 def reset_caches() -> None:
     """Forget derived block facts (so that a timed search pays for them, as a fresh process would)."""
     from ..evaluate import _ideal_times
+    from .heu import _COSTS
 
     _memo.clear()
     for fn in (policy.analyse, _bits, simulator.block_segments, _ideal_times, simulator.loss_grad_bytes,
                simulator._costs_of):
         fn.cache_clear()
+    _COSTS.clear()  # HEU's arrays of a frontier's costs (which hold the frontier's candidates)
