@@ -411,3 +411,20 @@ def test_a_search_leaves_no_reference_cycles(monkeypatch):
         finally:
             gc.enable()
             candidates.reset_caches()  # no frontier of the forced caps outlives the test
+
+
+def test_a_search_frees_its_tables_and_reset_forgets_frontier_costs():
+    """The simulator's tables of a search's runs and chunks (keyed by objects only that search makes) go with the
+    search, and candidates.reset_caches() forgets HEU's cost arrays of the frontiers it drops (they held them alive)."""
+    from lynx_planner import simulator, solvers
+    from lynx_planner.solvers import candidates
+
+    prof = small_profile(tp=2, pp=4, m=8, layers=8)
+    limit = between(prof, 0.5)
+    with simulator.reused_backwards():
+        solvers.solve(prof, "heu", limit)
+        assert simulator._CHUNKS and simulator._LAYER_TABLES  # the search's own (and the plain ones after it)
+    assert not simulator._CHUNKS and not simulator._LAYER_TABLES
+    assert heu._COSTS
+    candidates.reset_caches()
+    assert not heu._COSTS
