@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sim_instructions import count  # noqa: E402  (callgrind around a child that toggles its own counting)
 
 
 def child(name: str) -> None:
     """Inside valgrind: warm up, then count one search."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import heu_scaling as hs
 
     from lynx_planner import solvers
@@ -48,16 +48,6 @@ def child(name: str) -> None:
     toggle("off")
 
 
-def count(tree: Path, name: str) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "callgrind.out"
-        env = dict(os.environ, PYTHONPATH=str(tree))
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                        sys.executable, __file__, "--child", name], env=env, check=True, capture_output=True)
-        got = re.search(r"^totals: (\d+)", out.read_text(), re.M)
-        return int(got.group(1))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose lynx_planner is counted")
@@ -70,7 +60,7 @@ def main() -> None:
     print(f"instructions (Ir) of one HEU search, lynx_planner of {args.tree}")
     print("| case | Ir |\n|---|---:|")
     for name in args.cases.split(","):
-        print(f"| {name} | {count(args.tree.resolve(), name):,} |", flush=True)
+        print(f"| {name} | {count(args.tree.resolve(), name, __file__):,} |", flush=True)
 
 
 if __name__ == "__main__":

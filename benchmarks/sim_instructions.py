@@ -2,7 +2,7 @@
 records its simulate calls, they are replayed once to warm up and then once more with callgrind's instrumentation on
 (toggled by callgrind_control from inside the process), so the count is that of the replayed simulations alone.
 Instruction counts do not depend on the machine's load: two trees compare on a busy machine (run them under
-`flock /work/wt/measure.lock` or alone all the same: callgrind is about 50x slower than the plain run).
+`flock` on a shared lock file or alone all the same: callgrind is about 50x slower than the plain run).
 
     python benchmarks/sim_instructions.py [--tree <a checkout>] [--cases readme,llama3-405b,qwen3-32b]
 
@@ -41,12 +41,13 @@ def child(name: str) -> None:
     toggle("off")
 
 
-def count(tree: Path, name: str) -> int:
+def count(tree: Path, name: str, script: str = __file__) -> int:
+    """Ir of `script --child name` under callgrind, PYTHONPATH at the tree (the child toggles the counting)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         env = dict(os.environ, PYTHONPATH=str(tree))
         subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                        sys.executable, __file__, "--child", name], env=env, check=True, capture_output=True)
+                        sys.executable, script, "--child", name], env=env, check=True, capture_output=True)
         got = re.search(r"^totals: (\d+)", out.read_text(), re.M)
         return int(got.group(1))
 
