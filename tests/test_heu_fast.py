@@ -213,7 +213,8 @@ def _climb_plain(hulls, levels, budget):
 
 def test_climb_moves_runs_of_layers_as_the_plain_climb():
     """The greedy climb moving the run of layers at a level gives the levels the layer-by-layer climb gives, over
-    two climbs in a row (the greedy's second spends what the reserve freed) on random hulls and budgets."""
+    two climbs in a row (the greedy's second spends what the reserve freed) on random hulls and budgets; a climb
+    with no more budget than the one before takes no step (the greedy skips it)."""
     rng = np.random.default_rng(11)
     cand = candidates_of(small_profile(tp=2, pp=2, m=4, layers=4), "gpt_layer")[0]
     for _ in range(300):
@@ -229,6 +230,8 @@ def test_climb_moves_runs_of_layers_as_the_plain_climb():
             heu._climb(hulls, got, budget)
             _climb_plain(hulls, want, budget)
             assert got == want
+        heu._climb(hulls, got, int(rng.integers(0, budget + 1)))  # no more budget than the last climb's: no step
+        assert got == want
 
 
 def test_best_bounds_is_the_exhaustive_split():
@@ -257,6 +260,24 @@ def test_best_bounds_is_the_exhaustive_split():
             assert got == [] and cost == np.inf
             continue
         assert cost == min(costs) and got in [b for b, c in zip(splits, costs) if c == cost]
+
+
+def test_best_bounds_times_the_last_stage_with_every_layer_left():
+    """The last stage takes every layer left: its time is asked for that stage only, never for a shorter one (no
+    split has it), so a shorter one that would not fit (a last stage's head can need less memory than the layer it
+    replaces at the top) does not rule the split out; and no stage is timed from a layer only a stage before it
+    could reach if a faster split were not already known (the DP solves the states the first stage leads to)."""
+    asked = []
+
+    def stage_time(s, i, j):
+        asked.append((s, i, j))
+        if s == 1 and j < 4:
+            return float("inf")  # without the last layer, the last stage does not fit
+        return float(j - i)
+
+    assert best_bounds(4, 2, stage_time) == ([0, 2, 4], 2.0)
+    assert all(j == 4 for s, i, j in asked if s == 1)
+    assert len(asked) == len(set(asked)) and (0, 0, 4) not in asked  # a 4-layer first stage: never the faster
 
 
 def test_knapsack_steps_are_the_whole_tables():

@@ -36,29 +36,39 @@ def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], flo
     """Contiguous split of n layers into p non-empty stages of at most `longest` layers minimising
     max_s stage_time(s, first, end).
 
-    Dynamic programme over (stage, first layer); stage_time returns inf when a stage cannot fit its memory.
+    Dynamic programme over (stage, first layer), from the first stage down: a state is solved only when a stage
+    before it can end there faster than the best split found so far for it (stage_time, the costly part, is asked
+    for no other); stage_time returns inf when a stage cannot fit its memory.
     """
     longest = longest or n_layers
     inf = float("inf")
-    # best[s][i]: least bottleneck of stages s..p-1 covering layers i..n-1; nxt: where stage s ends.
-    best = [[inf] * (n_layers + 1) for _ in range(p + 1)]
-    nxt = [[-1] * (n_layers + 1) for _ in range(p + 1)]
-    best[p][n_layers] = 0.0
-    for s in range(p - 1, -1, -1):
-        # only the first layers stage s can start at: after s stages of 1 to `longest` layers, with the rest within
-        # reach of the stages after it (any other state is never read, or stays unreachable)
-        for i in range(max(s, n_layers - (p - s) * longest), min(s * longest, n_layers - (p - 1 - s) - 1) + 1):
-            for j in range(i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
+    # (s, i) -> (least bottleneck of stages s..p-1 covering layers i..n-1, where stage s then ends)
+    solved: dict[tuple[int, int], tuple[float, int]] = {(p, n_layers): (0.0, -1)}
+
+    def best(s: int, i: int) -> float:  # (recursion depth: p)
+        got = solved.get((s, i))
+        if got is not None:
+            return got[0]
+        least, end = inf, -1
+        if s < p and i >= n_layers - (p - s) * longest:  # (else the layers left are too many for the stages left)
+            # the last stage takes every layer left: no shorter one is a split (nor its time, or its not fitting)
+            for j in range(n_layers if s == p - 1 else i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
                 t = stage_time(s, i, j)
-                if t >= best[s][i]:
+                if t >= least:
                     break  # a stage only gets slower as it takes more layers
-                v = max(t, best[s + 1][j])
-                if v < best[s][i]:
-                    best[s][i], nxt[s][i] = v, j
-    if best[0][0] == inf:
-        return [], inf
+                v = max(t, best(s + 1, j))
+                if v < least:
+                    least, end = v, j
+        solved[(s, i)] = (least, end)
+        return least
+
+    try:
+        if best(0, 0) == inf:
+            return [], inf
+    finally:
+        del best  # (it refers to itself: a cycle, which would hold the states until the collector ran)
     bounds, i = [0], 0
     for s in range(p):
-        i = nxt[s][i]
+        i = solved[(s, i)][1]
         bounds.append(i)
-    return bounds, best[0][0]
+    return bounds, solved[(0, 0)][0]
