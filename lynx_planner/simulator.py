@@ -219,7 +219,17 @@ def layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps_
            pol.recompute_with, tuple(pol.offload), pol.reload)
     hit = memo.get(key)
     if hit is None:  # holding the profile keeps its id from being reused
-        hit = memo[key] = (profile, _layer_run(profile, index, pol, first, keeps_input))
+        # A run reads of its place only whether it is its chunk's lowest layer and the chunk the first (and its
+        # trigger's place in the chunk): the same block under the same policy elsewhere is that run at its index.
+        alike = ("run at", id(profile), profile.layers[index].block, first == 0, index == first, keeps_input,
+                 *key[5:8], None if pol.recompute_with is None else pol.recompute_with - first, *key[9:])
+        base = memo.get(alike)
+        if base is None:
+            run = _layer_run(profile, index, pol, first, keeps_input)
+            memo[alike] = (profile, run)
+        else:
+            run = replace(base[1], index=index)
+        hit = memo[key] = (profile, run)
     return hit[1]
 
 
@@ -295,9 +305,9 @@ def _waited(segs: tuple[float, ...], names: tuple[str, ...], before: float, afte
 def with_waits(runs: list[LayerRun], waits: list[streams.LayerWaits]) -> list[LayerRun]:
     """The layers of a chunk with the waits between layers the streams model gives (FSDP's all-gathers and
     reduce-scatters) as idle segments of their forward and backward."""
-    out = []
+    out, none = [], streams.LayerWaits()
     for r, w in zip(runs, waits):
-        if w == streams.LayerWaits():
+        if w == none:
             out.append(r)
             continue
         fwd, fn = _waited(r.fwd, r.fwd_streams, w.fwd_before, 0.0, w.fwd_copy)

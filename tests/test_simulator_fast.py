@@ -329,3 +329,17 @@ def test_the_visits_found_once_per_schedule_are_the_passes_over_every_rank(kind,
     visits, complete = simulator._visits(kind, p, v, m, blocking)
     assert (list(visits), complete) == passes_over_every_rank(kind, p, v, m, blocking)
     assert complete
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(cases(trace=False))
+def test_layer_runs_made_within_a_search_are_the_runs_made_alone(case):
+    """Within a search a layer's run is made once per block, policy and what it reads of its place (its chunk's first
+    layer or not, the first chunk or not, its trigger in the chunk), then given each layer's index: every chunk's runs
+    (a layer's run asked again too) are field for field the ones made without the search's tables."""
+    prof, bounds, pols, _ = case
+    chunks = list(zip(bounds, bounds[1:]))
+    alone = [simulator.stage_runs(prof, lo, hi, pols[lo:hi]) for lo, hi in chunks]
+    with simulator.reused_backwards():
+        shared = [simulator.stage_runs(prof, lo, hi, pols[lo:hi]) for lo, hi in chunks + chunks]
+    assert shared == alone + alone
