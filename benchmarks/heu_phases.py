@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import heu_scaling as hs  # noqa: E402
 
 from lynx_planner import evaluate, simulator, solvers  # noqa: E402
-from lynx_planner.schema import Profile  # noqa: E402
 from lynx_planner.solvers import candidates, heu  # noqa: E402
 
 PARTS = [(candidates, "frontier"), (heu, "_frontier_of"), (heu, "_hull"), (heu, "_greedy"), (heu, "_solve_knapsack"),
@@ -66,12 +65,7 @@ def main() -> None:
     ap.add_argument("--case", default="13b", help="13b (the README's, at 16.1875 GiB) or a heu_scaling catalog layout")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    if args.case == "13b":
-        prof = Profile.model_validate_json((ROOT / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json").read_text())
-        limit = hs.README_LIMIT
-    else:
-        prof, _ = hs.catalog_profile(args.case)
-        limit = hs._limit(prof, 0.5)
+    prof, limit = hs.named_case(args.case)
     solvers.solve(prof, "heu", limit)  # the process's one-off work
     own = instrument()
     runs: list[dict[str, list]] = []

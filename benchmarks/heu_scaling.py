@@ -59,6 +59,16 @@ def catalog_profile(name: str) -> tuple[Profile, str]:
     return analytic_profile(MODELS[name], par, HARDWARE["h100-80g-nvlink"]), f"{layout} M{m}"
 
 
+def named_case(name: str) -> tuple[Profile, int]:
+    """`13b`: the README's 13B PCIe case at its 16.1875 GiB; else a catalog layout half way between full
+    recomputation's peak and none's (the cases heu_phases.py and heu_instructions.py take)."""
+    if name == "13b":
+        pcie = Path(__file__).resolve().parent.parent / "profiles/gpt-13b-a100-80g-pcie-tp4-pp4-mb1-m16.json"
+        return Profile.model_validate_json(pcie.read_text()), README_LIMIT
+    prof, _ = catalog_profile(name)
+    return prof, _limit(prof, 0.5)
+
+
 def _limit(prof: Profile, frac: float = 0.5) -> int:
     full, none = (solvers.solve(prof, a, 1 << 62).evaluation.peak_bytes for a in ("full", "none"))
     return int(full + frac * (none - full))

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,11 +35,20 @@ def child(name: str) -> None:
     sim_time.search(prof, limit, calls)
     sim_time.replay(calls)
 
+    with counted():
+        sim_time.replay(calls)
+
+
+@contextmanager
+def counted():
+    """Callgrind counts this block only (the process, started with --instr-atstart=no, toggles its own counting)."""
     def toggle(state: str) -> None:
         subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
     toggle("on")
-    sim_time.replay(calls)
-    toggle("off")
+    try:
+        yield
+    finally:
+        toggle("off")
 
 
 def count(tree: Path, name: str, script: str = __file__) -> int:
@@ -52,20 +62,21 @@ def count(tree: Path, name: str, script: str = __file__) -> int:
         return int(got.group(1))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def cli(child, title: str, cases: str, script: str) -> None:
+    """A counting script's command line: --tree, --cases (default `cases`), and the --child it runs under valgrind."""
+    ap = argparse.ArgumentParser(description=title)
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose lynx_planner is counted")
-    ap.add_argument("--cases", default="readme,llama3-405b,qwen3-32b")
+    ap.add_argument("--cases", default=cases)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child)
         return
-    print(f"instructions (Ir) of one HEU search's simulations replayed, lynx_planner of {args.tree}")
+    print(f"{title}, lynx_planner of {args.tree}")
     print("| case | Ir |\n|---|---:|")
     for name in args.cases.split(","):
-        print(f"| {name} | {count(args.tree.resolve(), name):,} |", flush=True)
+        print(f"| {name} | {count(args.tree.resolve(), name, script):,} |", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    cli(child, "instructions (Ir) of one HEU search's simulations replayed", "readme,llama3-405b,qwen3-32b", __file__)

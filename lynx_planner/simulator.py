@@ -449,7 +449,6 @@ class _Chunk:
         # one extend, as the two lists end up the same)
         self.fwd_straight = [x[6][:2] for x in tables]
         self.fwd_kept = [x[6][2] for x in tables]
-        sums = self.bwd_input_sums if split else self.bwd_sums
         self.bwd_straight = [x[7] for x in reversed(tables)]
         # The backward of a chunk whose recomputation is released in its own backward (gradient wait, layer_above)
         # when nothing else is queued: its tasks are served and consumed within it, so a local queue does.
@@ -1090,7 +1089,6 @@ def simulate(profile: Profile, stage_layers: list[list[LayerRun]], trace: bool =
         stage_layers = [with_item_overhead(runs, streams.item_overhead_s(profile, schedules.rank_of(p, c)))
                         for c, runs in enumerate(stage_layers)]
     tables = [_rank_tables(par.schedule, p, v, r, m) for r in range(p)]
-    orders = [t[0] for t in tables]
     stages = []
     link = streams.copy_link(profile) if any(run.off_bytes for runs in stage_layers for run in runs) else None
     for r in range(p):

@@ -280,6 +280,65 @@ def test_best_bounds_times_the_last_stage_with_every_layer_left():
     assert len(asked) == len(set(asked)) and (0, 0, 4) not in asked  # a 4-layer first stage: never the faster
 
 
+def test_best_bounds_takes_the_first_of_equals_and_stops_at_an_equal_stage():
+    """Among splits of equal bottleneck each stage ends as early as it can (HEU's splits depend on it); a stage as
+    slow as the best split found so far ends the search for the stage's end (its longer ones are never asked); a
+    state whose layers cannot fit the stages left is not timed."""
+    assert best_bounds(4, 2, lambda s, i, j: 0.5 * (j - i) if s == 0 else 2.0) == ([0, 1, 4], 2.0)
+    asked = []
+
+    def stage_time(s, i, j):
+        asked.append((s, i, j))
+        return float(j - i) if s == 0 else 2.0
+
+    assert best_bounds(4, 2, stage_time) == ([0, 1, 4], 2.0)
+    assert (0, 0, 2) in asked and (1, 2, 4) not in asked  # the first stage at 2 layers: as slow as the best, the end
+    asked.clear()  # and no stage starts where the layers left are too many for the stages left (2 layers each)
+    assert best_bounds(6, 3, lambda s, i, j: asked.append((s, i, j)) or float(j - i), longest=2) == ([0, 2, 4, 6], 2.0)
+    assert not [a for a in asked if a[:2] == (1, 1)]
+
+
+def _greedy_plain(profile, model, cache):
+    """HEU's greedy estimate without the budget shortcut: always a second climb (fill off)."""
+    classes: dict = {}
+    for j, slot in enumerate(model.slots):
+        classes.setdefault((slot.block, round(slot.above_s, 12), slot.top), []).append(j)
+    hulls = [heu._class_hull(profile, model, js[0], cache) for js in classes.values()]
+    levels = [[0] * len(js) for js in classes.values()]
+    slot_of = [j for js in classes.values() for j in js]
+    tops = [model.slots[j].top for j in slot_of]
+
+    def chosen():
+        return [h[x] for h, lv in zip(hulls, levels) for x in lv]
+
+    if sum(o.mem for o in chosen()) + heu._reserve(chosen(), tops) > model.budget:
+        return None
+    for _ in range(2):
+        heu._climb(hulls, levels, model.budget - heu._reserve(chosen(), tops))
+    ordered = [None] * len(model.slots)
+    for j, o in zip(slot_of, chosen()):
+        ordered[j] = o
+    return ordered, heu.stage_estimate(model, ordered)
+
+
+def test_greedy_climbs_again_only_where_it_can_take_a_step():
+    """The greedy's second climb, skipped where the reserve freed no budget, gives what always climbing twice gives,
+    over stages and budgets where layers kept and placed layer_above change the reserve both ways."""
+    prof = small_profile(tp=2, pp=4, m=8, layers=10)
+    seen = set()
+    for frac in np.linspace(0.0, 1.0, 21):
+        limit = between(prof, float(frac))
+        for s, (first, end) in enumerate([(0, 3), (3, 6), (6, 9), (9, 12)]):
+            model = stage_model(prof, s, first, end, limit, p2p_wait_s(prof, first, end))
+            for cache in (heu.HullCache(heu.LYNX_PLACEMENTS), heu.HullCache(("on_demand",))):
+                got, want = heu._greedy(prof, model, cache, fill=False), _greedy_plain(prof, model, cache)
+                assert (got is None) == (want is None)
+                if got is not None:
+                    assert (_points(got[0]), got[1]) == (_points(want[0]), want[1])
+                    seen.add(tuple(_points(got[0])))
+    assert len(seen) > 10  # budgets that change the choices
+
+
 def test_knapsack_steps_are_the_whole_tables():
     """Each knapsack step's shortcuts give the whole table's column minima, float32 for float32: the first step (on
     the empty dp) as a running minimum of the rows' exposures, the last one at the columns it is read at only (inf at
@@ -335,8 +394,9 @@ def test_fill_steps_up_hold_every_step_that_can_win(monkeypatch, short):
         tried = {id(front[int(k)]) for k in rng.integers(0, n, int(rng.integers(0, 3)))}
         plain = pick([up for up in front[i + 1:] if up.mem - o.mem <= left], o, best, tried)
         skip = [k for k, up in enumerate(front) if id(up) in tried]
-        fast = pick(heu._steps_up(front, i, heu._front_arrays(front, heu.HullCache()), left, best[0][0] if best else None,
-                                  skip), o, best, set())
+        least = best[0][0] if best else None
+        fast = pick(heu._steps_up(front, i, heu._front_arrays(front, heu.HullCache()), left, least, skip), o, best,
+                    set())
         assert (plain[1] if plain else None) is (fast[1] if fast else None)
         changed += plain is not best
     assert changed > 50  # steps were taken, not only refused

@@ -280,7 +280,8 @@ def test_the_highest_run_end_is_the_highest_sum_at_the_end_of_a_time(events, mor
     assert simulator._run_end_top(times, sums) == want
 
 
-def passes_over_every_rank(kind: str, p: int, v: int, m: int, blocking: bool) -> tuple[list[tuple[int, int, int]], bool]:
+def passes_over_every_rank(kind: str, p: int, v: int, m: int, blocking: bool
+                           ) -> tuple[list[tuple[int, int, int]], bool]:
     """The visits the plain way: pass after pass over every rank in order, each running its items as far as their
     inputs have ended, until a pass runs nothing; the visits that ran something, as (rank, first item, end)."""
     orders = [list(schedules.order(kind, p, v, r, m)) for r in range(p)]
@@ -343,3 +344,25 @@ def test_layer_runs_made_within_a_search_are_the_runs_made_alone(case):
     with simulator.reused_backwards():
         shared = [simulator.stage_runs(prof, lo, hi, pols[lo:hi]) for lo, hi in chunks + chunks]
     assert shared == alone + alone
+
+
+def test_layer_runs_shared_within_a_search_keep_their_placement_and_trigger():
+    """Layers alike but for their placement, or for where their uniform chunk's top is within their chunk, get runs
+    of their own within a search."""
+    prof = base(2, False)
+    prof = prof.model_copy(update={"parallel": prof.parallel.model_copy(update={"pp": 3, "num_microbatches": 3})})
+    bounds = [0, 4, 8, 12]
+    pols = []
+    for i, layer in enumerate(prof.layers):
+        full = policy.full_recompute(policy.analyse(prof.blocks[layer.block]))
+        pols.append(ev.layer_policy(prof, i, frozenset(), full, PLACEMENTS[i % len(PLACEMENTS)]))
+    for lo, hi in ((5, 6), (9, 11)):  # uniform chunks topped 1 and 2 layers above their chunk's second layer
+        for i in range(lo, hi + 1):
+            full = policy.full_recompute(policy.analyse(prof.blocks[prof.layers[i].block]))
+            pols[i] = ev.layer_policy(prof, i, frozenset(), full, recompute_with=hi)
+    chunks = list(zip(bounds, bounds[1:]))
+    alone = [simulator.stage_runs(prof, lo, hi, pols[lo:hi]) for lo, hi in chunks]
+    with simulator.reused_backwards():
+        shared = [simulator.stage_runs(prof, lo, hi, pols[lo:hi]) for lo, hi in chunks]
+    assert shared == alone
+    assert len({r.at for runs in alone for r in runs}) > 1 and {alone[1][2].trigger, alone[2][3].trigger} == {2, 3}

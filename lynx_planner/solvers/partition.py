@@ -41,34 +41,32 @@ def best_bounds(n_layers: int, p: int, stage_time: Callable[[int, int, int], flo
     for no other); stage_time returns inf when a stage cannot fit its memory.
     """
     longest = longest or n_layers
-    inf = float("inf")
     # (s, i) -> (least bottleneck of stages s..p-1 covering layers i..n-1, where stage s then ends)
     solved: dict[tuple[int, int], tuple[float, int]] = {(p, n_layers): (0.0, -1)}
-
-    def best(s: int, i: int) -> float:  # (recursion depth: p)
-        got = solved.get((s, i))
-        if got is not None:
-            return got[0]
-        least, end = inf, -1
-        if s < p and i >= n_layers - (p - s) * longest:  # (else the layers left are too many for the stages left)
-            # the last stage takes every layer left: no shorter one is a split (nor its time, or its not fitting)
-            for j in range(n_layers if s == p - 1 else i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
-                t = stage_time(s, i, j)
-                if t >= least:
-                    break  # a stage only gets slower as it takes more layers
-                v = max(t, best(s + 1, j))
-                if v < least:
-                    least, end = v, j
-        solved[(s, i)] = (least, end)
-        return least
-
-    try:
-        if best(0, 0) == inf:
-            return [], inf
-    finally:
-        del best  # (it refers to itself: a cycle, which would hold the states until the collector ran)
+    if _least(0, 0, n_layers, p, longest, stage_time, solved) == float("inf"):
+        return [], float("inf")
     bounds, i = [0], 0
     for s in range(p):
         i = solved[(s, i)][1]
         bounds.append(i)
     return bounds, solved[(0, 0)][0]
+
+
+def _least(s: int, i: int, n_layers: int, p: int, longest: int, stage_time: Callable[[int, int, int], float],
+           solved: dict[tuple[int, int], tuple[float, int]]) -> float:
+    """best_bounds's state (s, i), solved into `solved` once (recursion depth: p)."""
+    got = solved.get((s, i))
+    if got is not None:
+        return got[0]
+    least, end = float("inf"), -1
+    if s < p and i >= n_layers - (p - s) * longest:  # (else the layers left are too many for the stages left)
+        # the last stage takes every layer left: no shorter one is a split (nor its time, or its not fitting)
+        for j in range(n_layers if s == p - 1 else i + 1, min(n_layers - (p - 1 - s), i + longest) + 1):
+            t = stage_time(s, i, j)
+            if t >= least:
+                break  # a stage only gets slower as it takes more layers
+            v = max(t, _least(s + 1, j, n_layers, p, longest, stage_time, solved))
+            if v < least:
+                least, end = v, j
+    solved[(s, i)] = (least, end)
+    return least
