@@ -220,6 +220,41 @@ def test_plans_hold_for_any_routing(moe_plans, name, algo, routing):
     assert sorted(runtime_of(planned).recomputations(0)) == recomputing
 
 
+@pytest.mark.parametrize("name", ["plain", "mixtral", "qwen2_moe"])
+def test_routed_layers_recomputed_in_full_record_once(moe_plans, name):
+    """After its first forward, a routed layer recomputed in full runs without recording its ops, whatever the
+    routing (recording every forward made a step 3x the simulated one, docs/composition.md): it drops what the
+    recorded rule drops and its recomputation re-runs the forward; gradients are the unplanned model's."""
+    reference, inputs = moe_model(name)
+    planned = copy.deepcopy(reference)
+    apply_plan(planned.train(), moe_plans[name]["full"])
+    runtime = runtime_of(planned)
+    seen = []
+    for step in range(3):
+        if step == 1:  # another routing than the recorded forward's
+            route_to_first(reference)
+            route_to_first(planned)
+        if step == 2:  # the same routing, recorded again: the recorded rule's drops
+            for layer in runtime.layers:
+                if layer.scope is not None:
+                    layer.scope.programs.clear()
+        for model in (reference, planned):
+            model.zero_grad()
+            torch.manual_seed(step)
+            out = model(*inputs)
+            if model is planned:
+                seen.append({k: (r.recorded, len(r._missing)) for k, r in runtime._regions.items()})
+            (out.logits if hasattr(out, "logits") else out).float().sum().backward()
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), planned.parameters())
+                   if a.grad is not None)
+    assert seen[0] and all(recorded for recorded, _ in seen[0].values())
+    assert not any(recorded for recorded, _ in seen[1].values())
+    assert all(recorded for recorded, _ in seen[2].values())
+    assert {k: n for k, (_, n) in seen[1].items()} == {k: n for k, (_, n) in seen[2].items()}
+    assert all(n > 0 for _, n in seen[1].values())
+    assert sorted(runtime.recomputations(0)) == sorted(k[1] for k in seen[1])
+
+
 def test_identical_experts_share_one_policy():
     from lynx_planner.runtime import routing
 

@@ -8,8 +8,10 @@ Python call per saved tensor and nothing per op. `recompute()` (public, idempote
 (the ops the plan recomputes) on the kept tensors under the captured RNG states; backward's unpack calls it itself
 when nobody released it earlier. Where the program cannot replay (see keep.py), or a forward saved different tensors
 than the recorded one, it re-runs the forward from its start and stops after the last dropped tensor, as PyTorch's
-checkpoint does. On CUDA an early recomputation runs on a side stream that waits only for this region's forward (an
-event) and backward waits for it (another event); on CPU it runs inline.
+checkpoint does. A layer whose ops follow the MoE routing (routing.py) is recorded at every forward, or, recomputed
+in full, keeps what its forward did not make and re-runs it. On CUDA an early recomputation runs on a side stream
+that waits only for this region's forward (an event) and backward waits for it (another event); on CPU it runs
+inline.
 """
 
 from __future__ import annotations
@@ -80,8 +82,10 @@ class Region:
         self._rng, self._autocast = RngState.capture(self._device), AutocastState.capture(self._device)
         signature = _signature(self._scope, leaves, self._autocast)
         program = self._scope.programs.get(signature)
-        if program is None or program.record_always or self._always_record:
+        if program is None or program.record_always or self._always_record and (self._keep or self._offload):
             out = self._record(args, kwargs, tensors, signature)
+        elif self._always_record:
+            out = self._by_storage(program, args, kwargs, tensors)
         else:
             out = self._steady(program, args, kwargs, signature)
         if self._device.type == "cuda":
@@ -105,6 +109,30 @@ class Region:
             self._diverged = True
         if self._diverged:  # record the next forward of this signature again
             self._scope.programs.pop(signature, None)
+        self.op_ids = program.op_ids
+        return out
+
+    def _by_storage(self, program: Program, args: tuple, kwargs: dict, tensors: list[torch.Tensor]) -> Any:
+        """A routed layer recomputed in full, after its first forward: what its ops run follows the batch, the rule
+        does not. Keep a saved tensor whose storage the forward did not make (the inputs', parameters', buffers'),
+        drop the rest, and recompute by re-running the forward, as PyTorch's checkpoint does: no op is recorded.
+        (The recorded rule, keep.Recorder.kept with nothing kept, keeps also other storages made before the
+        forward; dropping one frees nothing and the re-run regenerates it. A layer whose recorded forward ran a
+        collective is recorded at every forward: its replay reads the captured output, program.record_always.)"""
+        layer = self._scope.layer
+        before = {t.untyped_storage().data_ptr() for t in (*tensors, *layer.parameters(), *layer.buffers())}
+
+        def pack(t: torch.Tensor) -> torch.Tensor | int:
+            p = self._n_packed
+            self._n_packed += 1
+            if t.untyped_storage().data_ptr() in before:
+                return t.detach()
+            self._missing.append(p)
+            return p
+
+        self._program, self._diverged = program, True  # (diverged: the recomputation re-runs the forward)
+        with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+            out = self._fn(*args, **kwargs)
         self.op_ids = program.op_ids
         return out
 
