@@ -145,6 +145,14 @@ def selective_keep(info: BlockInfo) -> frozenset[str]:
     return frozenset(u for u in info.units if u not in tagged)
 
 
+def records_every_forward(mode: str, offload: list[str] | tuple[str, ...], collective: bool = False) -> bool:
+    """Whether the torch runtime records a layer whose ops follow the MoE routing op by op at every forward under a
+    policy of this mode: keeping some ops and recomputing others, or offloading, its decisions follow each forward's
+    ops; recomputed in full, it keeps what the forward did not make, unrecorded, unless the forward runs a
+    `collective` (the replay reads its captured output; the runtime finds it at its first forward: region.py)."""
+    return mode == "selective" or bool(offload) or mode == "full" and collective
+
+
 def mode_of(info: BlockInfo, keep: frozenset[str], recompute: tuple[str, ...]) -> str:
     if not recompute:
         return "none"

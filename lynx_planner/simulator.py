@@ -253,6 +253,9 @@ def _layer_run(profile: Profile, index: int, pol: LayerPolicy, first: int, keeps
         bwd_input, wgrad_s = tuple(t if i % 2 else t * f for i, t in enumerate(bwd_input)), wgrad_s * f
     off = offload.offloaded_bytes(block, pol.offload) if pol.offload else 0
     rec_s = c.recompute_s
+    if block.record_s and fwd and policy.records_every_forward(pol.mode, pol.offload,
+                                                               bool(policy.analyse(block).collective)):
+        fwd = (fwd[0] + block.record_s,) + fwd[1:]  # the torch runtime records the layer op by op (MoE routing)
     if (slower := streams.compute_slowdown(profile)) != 1.0:  # the other ranks' compute beside it (a local CPU job)
         fwd, bwd, bwd_input = _busy_scaled(fwd, slower), _busy_scaled(bwd, slower), _busy_scaled(bwd_input, slower)
         wgrad_s, rec_s = wgrad_s * slower, rec_s * slower

@@ -24,6 +24,7 @@ from .. import policy
 from .. import schedules as lynx_schedules
 from ..analytic import bytes_per_param
 from ..io import InputError, LayoutError
+from ..runtime import routing
 from ..schema import Block, Hardware, Layer, ModelInfo, ParallelConfig, Profile
 from . import compiled as compiled_block
 from . import runtime as local_runtime
@@ -31,7 +32,7 @@ from . import tp as tensor_parallel
 from .loading import Precision, load_model_file, model_dtype, user_error
 from .recorder import is_attention_kernel, op_clock, tensors_in
 from .structure import LayerSlot, capture_layers, name_blocks, uncovered
-from .timing import analytic_times, measure_block, measure_split, measure_spread, scaled_to_block
+from .timing import analytic_times, measure_block, measure_record, measure_split, measure_spread, scaled_to_block
 from .tracing import CORE_ATTN, BlockTrace, op_ids, split_arguments, to_block, trace
 
 METHODS = ("analytic", "measure")
@@ -206,7 +207,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                 bar.advance(task)
         spread = 0.0
         if method == "measure":
-            times, spreads, split, saved = {}, {}, {}, {}
+            times, spreads, split, saved, recorded = {}, {}, {}, {}, {}
             with _threads(threads):
                 for name, group in groups.items():
                     t = bar.add_task(f"measure {name}", total=repeats + 2) if bar else None
@@ -221,6 +222,9 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
                     if compile:
                         times[name], saved[name] = _compiled(group[0], traces[name], times[name], repeats, context,
                                                              clock, compile_backend)
+                    if routing.routed_paths(group[0].module) and not compile:  # the runtime records it op by op
+                        recorded[name] = measure_record(group[0].module, group[0].args, group[0].kwargs or {},
+                                                        runs=repeats, context=context, clock=clock)
                     if lynx_schedules.get(parallel.schedule).splits_backward:  # B and W cost more than the whole
                         per_stage = -(-len(slots) // (parallel.pp * parallel.virtual_stages))
                         split[name] = measure_split([(g.module, g.args, g.kwargs) for g in group],
@@ -231,7 +235,7 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
             spread = sum(s * w for s, w in spreads.values()) / weight if weight > 0 else 0.0
         else:
             times = {name: analytic_times(tr, hardware) for name, tr in traces.items()}
-            split, saved = {}, {}
+            split, saved, recorded = {}, {}, {}
     batch, seq, described = _shapes(inputs)
     # Neighbouring stages lie tp x dp ranks apart (Megatron's order, torchtitan's mesh: pp outermost), so a pipeline
     # send runs on the hardware's point-to-point link: a calibrated file's measured gloo/NCCL send, which `lynx
@@ -246,6 +250,8 @@ def profile_model_file(path: str, *, parallel: ParallelConfig, hardware: Hardwar
         blocks[name] = tensor_parallel.shard(block, tr, parallel, hardware)
         if split.get(name) is not None:
             blocks[name] = blocks[name].model_copy(update={"split_backward": round(split[name], 4)})
+        if recorded.get(name):
+            blocks[name] = blocks[name].model_copy(update={"record_s": recorded[name]})
         _check_plannable(blocks[name])
     seen: set[int] = set()
     bpp = bytes_per_param(parallel)

@@ -194,3 +194,32 @@ def measure_block(module: torch.nn.Module, args: tuple, kwargs: dict, *, runs: i
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
     return statistics.median(fwd), statistics.median(bwd)
+
+
+def measure_record(module: torch.nn.Module, args: tuple, kwargs: dict, *, runs: int = 5, warmup: int = 2,
+                   context: Callable | None = None, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds a forward that the torch runtime records op by op (runtime/region.py, as it runs a layer whose
+    ops follow the MoE routing and that keeps some ops) takes beyond the plain forward's median; the two interleaved.
+    0 where it is not slower."""
+    from ..runtime.opids import ModuleScope
+    from ..runtime.region import Region
+
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    scope = ModuleScope(module)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(warmup + runs):
+        for recorded in (False, True):
+            a, k = fresh_arguments(args, kwargs)
+            # an op id no op has: every saved tensor dropped, as selective plans drop some (the region is never
+            # backwarded: its graph is freed with `out`)
+            run = Region(module, scope, frozenset({"-"}), lambda *_: None, routed="record").forward if recorded \
+                else module
+            _synchronize(device)
+            t0 = clock()
+            with context() if context is not None else contextlib.nullcontext():
+                out = run(*a, **k)
+            _synchronize(device)
+            if i >= warmup:
+                times[recorded].append(clock() - t0)
+            del out
+    return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))

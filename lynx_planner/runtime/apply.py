@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..io import load_model
 from ..opid import split_id, split_use, use_name
+from ..policy import records_every_forward
 from ..schema import LayerPolicy, Plan, PlanParallel
 from . import compiled, conflicts, routing
 from . import offload as host
@@ -61,6 +62,7 @@ class _Layer:
     scope: ModuleScope | None
     outer: tuple[nn.Module, ...] = ()  # the modules holding it (Hugging Face's flag may be set on them)
     routed: tuple[str, ...] = ()  # its submodules whose ops follow the routing (experts: routing.py)
+    recording: str | None = None  # routed: recorded at every forward ('record') or kept by storage ('by_storage')
     checked: bool = False
     context: Any = None  # its selective-checkpoint context_fn under torch.compile (compiled.py)
     offload: frozenset[str] = frozenset()  # kept ops (and 'input') whose saved tensors go to the host
@@ -132,7 +134,7 @@ class LynxRuntime:
                 check_autocast(self.precision[1], layer.path, layer.module)
             conflicts.check_outer_hooks(layer.path)
             region = Region(forward, layer.scope, layer.keep, self._recorded, self._side_stream,
-                            always_record=bool(layer.routed), offload=layer.offload,
+                            routed=layer.recording, offload=layer.offload,
                             stash=host.Stash(self.offloader) if layer.offload else None)
             region.unpacked_twice = self.split_backward
             out = region.forward(*args, **kwargs)
@@ -248,7 +250,8 @@ def _layer(index: int, path: str, module: nn.Module, policy: LayerPolicy, top: b
     saved = keep - frozenset(policy.recompute)
     context = compiled.context_fn(path, module, saved, named, _ignorable) if scope is not None else None
     reload = "grad_wait" if policy.reload == "layer_above" and top else policy.reload
-    return _Layer(index, path, module, policy, at, keep, scope, routed=routed, context=context,
+    recording = ("record" if records_every_forward(policy.mode, policy.offload) else "by_storage") if routed else None
+    return _Layer(index, path, module, policy, at, keep, scope, routed=routed, recording=recording, context=context,
                   offload=frozenset(policy.offload), reload=reload)
 
 

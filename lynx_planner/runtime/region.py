@@ -49,11 +49,12 @@ class Region:
 
     def __init__(self, fn: Callable[..., Any], scope: ModuleScope, keep: frozenset[str],
                  on_recompute: Callable[[Region, str], None],
-                 side_stream: Callable[[torch.device], Any] | None = None, always_record: bool = False,
+                 side_stream: Callable[[torch.device], Any] | None = None, routed: str | None = None,
                  offload: frozenset[str] = frozenset(), stash: Any = None):
         self._fn, self._scope, self._keep = fn, scope, keep
         self._offload, self.stash = offload, stash  # ops whose kept tensors go to the host, via runtime/offload.py
-        self._always_record = always_record  # routed layers: each forward may run other ops (routing.py)
+        # a layer whose ops follow the MoE routing (routing.py): 'record' every forward, or keep 'by_storage' (full)
+        self._routed = routed
         self._on_recompute, self._side_stream = on_recompute, side_stream
         self.op_ids: frozenset[str] = frozenset()
         self.trigger: str | None = None  # what released the recomputation
@@ -82,9 +83,9 @@ class Region:
         self._rng, self._autocast = RngState.capture(self._device), AutocastState.capture(self._device)
         signature = _signature(self._scope, leaves, self._autocast)
         program = self._scope.programs.get(signature)
-        if program is None or program.record_always or self._always_record and (self._keep or self._offload):
+        if program is None or program.record_always or self._routed == "record":
             out = self._record(args, kwargs, tensors, signature)
-        elif self._always_record:
+        elif self._routed == "by_storage":
             out = self._by_storage(program, args, kwargs, tensors)
         else:
             out = self._steady(program, args, kwargs, signature)

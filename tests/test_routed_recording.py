@@ -1,0 +1,90 @@
+"""What recording a routed (MoE) layer at every forward costs, from the profile to the plan: the torch runtime records
+such a layer op by op where it keeps some ops (routing.py, region.py); `lynx profile --method measure` measures that
+(Block.record_s), the simulator adds it to those layers' forwards, and the searches drop the candidates that full
+recomputation, unrecorded, then beats."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.moe import lynx_model as moe_model  # noqa: E402
+
+from lynx_planner import apply_plan, evaluate, policy, simulator, solvers
+from lynx_planner.models.hardware import HARDWARE
+from lynx_planner.profiler import profile_model_file
+from lynx_planner.runtime import runtime_of
+from lynx_planner.schema import ParallelConfig
+from lynx_planner.solvers import candidates
+
+MOE = str(Path(__file__).resolve().parent / "models" / "moe.py")
+HW = HARDWARE["a100-80g-nvlink"]
+
+
+def profile(method: str = "analytic", **par):
+    return profile_model_file(MOE, parallel=ParallelConfig(**par), hardware=HW, method=method, repeats=3,
+                              overrides={"name": "plain"}, progress=False, warn=lambda m: None)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return profile()
+
+
+def with_record_s(prof, seconds: float):
+    """The profile with its MoE block's recording measured at `seconds` per forward."""
+    blocks = dict(prof.blocks)
+    blocks["Block"] = blocks["Block"].model_copy(update={"record_s": seconds})
+    return prof.model_copy(update={"blocks": blocks})
+
+
+def test_measured_profiles_time_the_recording_of_routed_layers_only():
+    prof = profile("measure")
+    assert prof.blocks["Block"].record_s > 0  # its experts follow the routing: recorded at every forward
+    assert all(b.record_s == 0 for name, b in prof.blocks.items() if name != "Block")
+    assert "record_s" not in prof.blocks["Embedding"].model_dump(mode="json")  # other profiles keep their bytes
+
+
+def test_the_simulator_adds_the_recording_where_the_runtime_records(plain):
+    prof = with_record_s(plain, 0.01)
+    i = next(i for i, layer in enumerate(prof.layers) if layer.block == "Block")
+    info = policy.analyse(prof.blocks["Block"])
+    plans = {"none": evaluate.none_policy(prof, i), "full": evaluate.layer_policy(prof, i, frozenset()),
+             "selective": evaluate.layer_policy(prof, i, policy.selective_keep(info))}
+    assert [p.mode for p in plans.values()] == ["none", "full", "selective"]
+    for mode, pol in plans.items():
+        base, priced = (sum(simulator.layer_run(p, i, pol, 0).fwd) for p in (plain, prof))
+        assert priced == pytest.approx(base + (0.01 if mode == "selective" else 0.0), abs=1e-12), mode
+
+
+def test_the_searches_drop_what_unrecorded_full_recomputation_beats(plain):
+    prof = with_record_s(plain, 1.0)  # recording costs far more than recomputing the whole layer
+    before, after = candidates.pareto(plain.blocks["Block"]), candidates.pareto(prof.blocks["Block"])
+    full = next(c for c in after if not c.keep and c.recompute)
+    # dropped: each candidate that records (keeps some ops, recomputes others) and holds no fewer bytes than full,
+    # kept or kept plus regenerated (full recomputes in less time than it does with the recording counted)
+    beaten = [bool(c.keep and c.recompute) and full.kept_bytes <= c.kept_bytes and
+              full.kept_bytes + full.rec_bytes <= c.kept_bytes + c.rec_bytes for c in before]
+    assert any(beaten) and not all(beaten)
+    assert [c in after for c in before] == [not b for b in beaten]
+    # between full's peak and keeping everything, HEU's plan is at least as fast as full recomputation's
+    full_plan = solvers.solve(prof, "full", 1 << 62).evaluation
+    none_plan = solvers.solve(prof, "none", 1 << 62).evaluation
+    limit = (full_plan.peak_bytes + none_plan.peak_bytes) // 2
+    heu = solvers.solve(prof, "heu", limit).evaluation
+    assert heu.fits(limit) and heu.predicted.iteration_time_s <= full_plan.predicted.iteration_time_s
+
+
+@pytest.mark.parametrize("algo,records", [("selective", True), ("full", False)])
+def test_the_runtime_records_routed_layers_where_their_policy_keeps_some_ops(plain, algo, records):
+    model, inputs = moe_model("plain")
+    apply_plan(model.train(), solvers.plan(plain, "p.json", "0" * 64, algo, 1 << 60))
+    runtime = runtime_of(model)
+    for step in range(2):
+        out = model(*inputs)
+        regions = list(runtime._regions.values())
+        assert regions and all(r.recorded == (records or step == 0) for r in regions)
+        out.float().sum().backward()
