@@ -263,8 +263,9 @@ class Block(_Model):
         "torch.distributed.pipelining runs a zero-bubble schedule) over the whole backward's; None: not measured (1)")
     record_s: float = Field(
         0.0, ge=0, exclude_if=lambda v: v == 0.0, description="seconds a forward recorded op by op adds: the torch "
-        "runtime records a layer whose ops follow the MoE routing at every forward when it keeps some ops and "
-        "recomputes others (runtime/routing.py); measured by --method measure, else 0 (not priced)")
+        "runtime records a layer whose ops follow the MoE routing at every forward under a policy that keeps some "
+        "ops and recomputes others or offloads (policy.records_every_forward); measured by --method measure, else 0 "
+        "(not priced)")
 
     @model_validator(mode="after")
     def _check_graph(self) -> Block:
