@@ -5,19 +5,17 @@ recomputation, unrecorded, then beats."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
-import torch
-
-from models.moe import lynx_model as moe_model  # noqa: E402
+from conftest import lynx
+from models.moe import lynx_model as moe_model
 
 from lynx_planner import apply_plan, evaluate, policy, simulator, solvers
 from lynx_planner.models.hardware import HARDWARE
 from lynx_planner.profiler import profile_model_file
 from lynx_planner.runtime import runtime_of
-from lynx_planner.schema import ParallelConfig
+from lynx_planner.schema import ParallelConfig, Profile
 from lynx_planner.solvers import candidates
 
 MOE = str(Path(__file__).resolve().parent / "models" / "moe.py")
@@ -41,11 +39,15 @@ def with_record_s(prof, seconds: float):
     return prof.model_copy(update={"blocks": blocks})
 
 
-def test_measured_profiles_time_the_recording_of_routed_layers_only():
-    prof = profile("measure")
+def test_measured_profiles_time_the_recording_of_routed_layers_only(tmp_path):
+    out = tmp_path / "moe.json"
+    result = lynx("profile", MOE, "--method", "measure", "--repeats", "3", "-o", out)  # the plain MoE
+    assert result.exit_code == 0, result.output
+    prof = Profile.model_validate_json(out.read_text())
     assert prof.blocks["Block"].record_s > 0  # its experts follow the routing: recorded at every forward
     assert all(b.record_s == 0 for name, b in prof.blocks.items() if name != "Block")
     assert "record_s" not in prof.blocks["Embedding"].model_dump(mode="json")  # other profiles keep their bytes
+    assert "routed layers recorded at every forward under a selective plan, per forward: Block " in result.output
 
 
 def test_the_simulator_adds_the_recording_where_the_runtime_records(plain):

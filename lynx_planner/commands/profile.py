@@ -13,6 +13,7 @@ from .choices import Method
 from .options import check_output, option_errors
 from .options import hardware as find_hardware
 from .options import threads as check_threads
+from .tables import ms
 from .terminal import err, out
 from .user_code import call_model_file
 
@@ -103,6 +104,11 @@ def summary(profile: Profile, path: Path) -> None:
               f"{profile.attention.replace('none', 'no')} attention, dropout {profile.dropout}"
               + (f", {profile.kernels} kernels" if profile.kernels != "hf" else "") + (", fp8" if profile.fp8 else "")
               + (", compiled (torch.compile, inductor)" if profile.compiled else ""))
+    recorded = {name: b.record_s for name, b in profile.blocks.items() if b.record_s}
+    if recorded:  # MoE layers the torch runtime records op by op where a plan keeps some ops (docs/composition.md)
+        out.print("routed layers recorded at every forward under a selective plan, per forward: " + ", ".join(
+            f"{name} {ms(s)} (forward {ms(sum(op.fwd_s for op in profile.blocks[name].ops))})"
+            for name, s in recorded.items()) + "; priced in plans")
     try:
         from ..parallel import fsdp
         from ..tune import max_static_bytes
