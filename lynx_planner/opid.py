@@ -8,9 +8,12 @@ made from a CPU trace names the same ops on CUDA.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _DEVICE_SUFFIXES = ("_for_cpu",)
 
 
+@lru_cache(maxsize=4096)  # per op overload: the runtime's recording names every op it sees
 def op_name(func: object) -> str:
     """'aten.addmm.default' -> 'addmm'; '_scaled_dot_product_flash_attention_for_cpu' -> '..._flash_attention'."""
     name = getattr(func, "__name__", None) or str(func)

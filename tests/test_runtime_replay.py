@@ -205,3 +205,25 @@ def test_collective_output_is_captured_not_repeated(tmp_path):
             assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), model.parameters()))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("args,kwargs,flat_path", [
+    ((torch.ones(2), 3, 0.5, None, torch.float32), {}, True),  # already flat: no pytree walk
+    ((torch.ones(2), [torch.zeros(1), 2]), {}, False),  # a list argument (cat, index)
+    ((torch.ones(2), torch.Size([2, 1])), {}, False),
+    ((torch.ones(2),), {"dim": 0, "out": torch.zeros(2)}, False),  # keywords
+])
+def test_recorded_arguments_flatten_and_rebuild_as_pytree_does(args, kwargs, flat_path):
+    """The recorder's fast path (keep._flatten) gives pytree's leaves, and the replay rebuilds the recorded call."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from lynx_planner.runtime import keep
+
+    leaves, structure = tree_flatten((args, kwargs))
+    flat, spec = keep._flatten(args, kwargs)
+    assert (spec is None) == flat_path
+    assert len(flat) == len(leaves) and all(a is b for a, b in zip(flat, leaves))
+    rebuilt, expected = keep._unflatten(flat, spec), tree_unflatten(leaves, structure)  # (pytree makes a Size a tuple)
+    assert type(rebuilt[0]) is tuple and type(rebuilt[1]) is dict
+    again, again_structure = tree_flatten(rebuilt)
+    assert again_structure == tree_flatten(expected)[1] and all(a is b for a, b in zip(again, leaves))

@@ -34,6 +34,37 @@ def is_collective(func: torch._ops.OpOverload) -> bool:
     return func.namespace in ("_c10d_functional", "c10d_functional")
 
 
+# Plain argument types: an op's arguments of these (and tensors), without keywords, are already flat.
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+
+def _flatten(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """tree_flatten((args, kwargs)), with spec None where the arguments are already flat, as most ops' are (pytree
+    walks every argument in Python: a sixth of a recorded op's cost)."""
+    if not kwargs and all(type(a) in _PLAIN or isinstance(a, torch.Tensor) for a in args):
+        return list(args), None
+    return tree_flatten((args, kwargs))
+
+
+def _unflatten(flat: list, spec: Any) -> tuple[tuple, dict]:
+    return (tuple(flat), {}) if spec is None else tree_unflatten(flat, spec)
+
+
+def _leaves(out: Any) -> list:
+    return [out] if isinstance(out, torch.Tensor) else tree_leaves(out)
+
+
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}  # per op: (position, name) of each argument it writes
+
+
+def _written_arguments(func) -> tuple[tuple[int, str], ...]:
+    got = _WRITTEN.get(func)
+    if got is None:
+        got = _WRITTEN[func] = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                                     if a.alias_info is not None and a.alias_info.is_write)
+    return got
+
+
 @dataclass(frozen=True)
 class Ref:
     """A tensor argument: a view of a storage at a version."""
@@ -172,14 +203,14 @@ class Recorder(TorchDispatchMode):
         index = self._scope.clock
         op = self._namer(func)
         self.seen.add(op)
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         if self.conflict is None:
             self._check_conflict(op, func, flat)
         refs = [(i, self.ref(x)) for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         writes = self._written(func, args, kwargs)
         out = func(*args, **kwargs)
         outs: list[int | None] = []
-        for t in tree_leaves(out):
+        for t in _leaves(out):
             if isinstance(t, torch.Tensor):
                 outs.append(None if self._lookup(t) is not None else self._new(t, op))
             elif refs and op_name(func) in _DATA_DEPENDENT:
@@ -194,7 +225,7 @@ class Recorder(TorchDispatchMode):
                 step.snapshot = (path, k)
             self.steps.append(step)
             if step.collective:
-                for t, sid in zip([t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], outs):
+                for t, sid in zip([t for t in _leaves(out) if isinstance(t, torch.Tensor)], outs):
                     if sid is not None:
                         self.collective_out[sid] = t.detach()
         for sid in writes:
@@ -215,11 +246,9 @@ class Recorder(TorchDispatchMode):
 
     def _written(self, func, args, kwargs) -> list[int]:
         sids = []
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            for t in tree_leaves(value):
+        for i, name in _written_arguments(func):
+            value = args[i] if i < len(args) else kwargs.get(name)
+            for t in _leaves(value):
                 if isinstance(t, torch.Tensor):
                     sid = self._lookup(t)
                     if sid is None:
@@ -370,9 +399,9 @@ def replay(prog: Program, resolve: dict[int, torch.Tensor], shift: dict[int, int
         flat = list(step.flat)
         for pos, ref in step.refs:
             flat[pos] = _view(store[ref.sid], ref, shift.get(ref.sid, 0))
-        args, kwargs = tree_unflatten(flat, step.spec)
+        args, kwargs = _unflatten(flat, step.spec)
         result = step.func(*args, **kwargs)
-        tensors = [t for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+        tensors = [t for t in _leaves(result) if isinstance(t, torch.Tensor)]
         for t, sid in zip(tensors, step.outs):
             if sid is not None:
                 store[sid] = t
