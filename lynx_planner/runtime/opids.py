@@ -25,6 +25,7 @@ class ModuleScope:
 
     def __init__(self, layer: nn.Module):
         self.layer = layer
+        self.modules = tuple(layer.modules())  # the layer and its submodules (parameters and buffers read from each)
         self.programs: dict[Any, Any] = {}  # input signature -> keep.Program
         self.active: Any = None  # the region whose steady-state forward is running (gets entry callbacks)
         self._rng_hooked: set[str] = set()

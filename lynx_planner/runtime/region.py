@@ -121,8 +121,10 @@ class Region:
         (The recorded rule, keep.Recorder.kept with nothing kept, keeps also other storages made before the
         forward; dropping one frees nothing and the re-run regenerates it. A layer whose recorded forward ran a
         collective is recorded at every forward: its replay reads the captured output, program.record_always.)"""
-        layer = self._scope.layer
-        before = {t.untyped_storage().data_ptr() for t in (*tensors, *layer.parameters(), *layer.buffers())}
+        before = {t.untyped_storage().data_ptr() for t in tensors}
+        for m in self._scope.modules:  # read each forward: FSDP2 swaps in gathered parameters
+            before.update(t.untyped_storage().data_ptr() for t in (*m._parameters.values(), *m._buffers.values())
+                          if t is not None)
 
         def pack(t: torch.Tensor) -> torch.Tensor | int:
             p = self._n_packed
